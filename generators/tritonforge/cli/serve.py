@@ -1,0 +1,9 @@
+"""`tritonforge serve` and `tritonforge doctor`."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass
