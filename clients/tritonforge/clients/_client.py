@@ -1,0 +1,461 @@
+"""``Client`` and ``AsyncClient`` (and their streams): thin twins over :class:`BaseClient`.
+
+The sync and asyncio versions sit side by side so they read line for line the same; only
+``await`` and the ``a`` prefix of ``aclose`` differ.
+
+A stream sends its request when entered (``with client.stream(...) as s``) or first
+iterated, waits for the first response (retrying a refused connection up to
+``connect_retries`` times), and yields :class:`Chunk` objects. Leaving the ``with`` block,
+``close()``/``aclose()``, an exception or asyncio task cancellation cancels the request on
+the server. A stream can be iterated once; ``completion`` is available at its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Final
+
+from tritonforge.clients import _wire
+from tritonforge.clients._base import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    BaseClient,
+    ModelInfo,
+    Protocol,
+    Recorder,
+    RequestInput,
+    pick_ensemble,
+)
+from tritonforge.clients._grpc import AsyncGrpcCall, AsyncGrpcTransport, GrpcCall, GrpcTransport
+from tritonforge.clients._http import AsyncHttpCall, AsyncHttpTransport, HttpCall, HttpTransport
+from tritonforge.clients._models import Chunk, Completion, Message, Request, RequestOverrides
+from tritonforge.clients.exceptions import (
+    Cancelled,
+    ServerUnavailable,
+    StreamConsumed,
+    StreamError,
+    TritonForgeError,
+)
+from typing_extensions import Self, Unpack
+
+__all__ = ["AsyncClient", "AsyncStream", "Client", "Stream"]
+
+Messages = Sequence[Message | dict[str, str]]
+
+
+class _State(enum.Enum):
+    NEW = "new"  # request not sent yet
+    OPEN = "open"  # request in flight
+    DONE = "done"  # final response received
+    CLOSED = "closed"  # closed before the end (request cancelled)
+
+
+_END: Final = object()  # "the call ended" marker for the first-response slot
+
+
+def _cancelled(exc: TritonForgeError) -> Cancelled:
+    err = Cancelled("the stream was closed while a response was being read")
+    err.__cause__ = exc
+    return err
+
+
+# ========================================================================================
+class Stream:
+    """The responses of one request, as :class:`Chunk` objects (sync)."""
+
+    def __init__(self, client: Client, request: Request) -> None:
+        self._client = client
+        self.request = request
+        self._state = _State.NEW
+        self._iterated = False
+        self._cancelled = False
+        self._call: GrpcCall | HttpCall | None = None
+        self._first: Any = None
+        self._rec: Recorder | None = None
+
+    def _open(self) -> None:
+        if self._state is not _State.NEW:
+            return
+        client = self._client
+        model = client._resolve_model()
+        rec = Recorder(model, self.request, client.timeout_for(self.request))
+        wire = client.wire_request(self.request, model)
+        attempt = 0
+        while True:
+            rec.restart()
+            call = None
+            try:
+                call = client._get_transport().open(wire, model, rec.remaining())
+                first: Any = next(call, _END)
+                break
+            except ServerUnavailable:
+                if call is not None:
+                    call.cancel()
+                if not client.can_retry(attempt):
+                    raise
+                time.sleep(client.backoff(attempt))
+                attempt += 1
+        self._call, self._first, self._rec, self._state = call, first, rec, _State.OPEN
+
+    def _take(self) -> _wire.Event | None:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return None if first is _END else first
+        assert self._call is not None
+        try:
+            return next(self._call)
+        except StopIteration:
+            return None
+        except TritonForgeError as exc:
+            if self._cancelled:
+                raise _cancelled(exc) from exc
+            raise
+
+    def __enter__(self) -> Self:
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __iter__(self) -> Self:
+        if self._iterated or self._state in (_State.DONE, _State.CLOSED):
+            raise StreamConsumed("this stream was already consumed or closed; send a new request")
+        self._iterated = True
+        return self
+
+    def __next__(self) -> Chunk:
+        if self._state in (_State.DONE, _State.CLOSED):
+            raise StopIteration
+        try:
+            self._open()
+            assert self._rec is not None
+            while True:
+                event = self._take()
+                if event is None:
+                    self._state = _State.DONE
+                    raise StopIteration
+                chunk = self._rec.add(event)
+                if event.final:
+                    self._state = _State.DONE
+                else:
+                    self._rec.check_deadline()
+                if chunk is not None:
+                    return chunk
+                if event.final:
+                    raise StopIteration
+        except StopIteration:
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def completion(self) -> Completion:
+        """The whole generation with its timings; available once the stream has ended."""
+        if self._state is not _State.DONE or self._rec is None:
+            raise StreamError("the stream has not finished: iterate it to the end first")
+        return self._rec.finish()
+
+    def close(self) -> None:
+        """Close the stream; cancels the request on the server if it is still running."""
+        if self._state is _State.OPEN and self._call is not None:
+            self._cancelled = True
+            self._call.cancel()
+        if self._state is not _State.DONE:
+            self._state = _State.CLOSED
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) is _State.OPEN and self._call is not None:
+            self._call.cancel()
+
+
+class AsyncStream:
+    """The responses of one request, as :class:`Chunk` objects (asyncio)."""
+
+    def __init__(self, client: AsyncClient, request: Request) -> None:
+        self._client = client
+        self.request = request
+        self._state = _State.NEW
+        self._iterated = False
+        self._cancelled = False
+        self._call: AsyncGrpcCall | AsyncHttpCall | None = None
+        self._first: Any = None
+        self._rec: Recorder | None = None
+
+    async def _open(self) -> None:
+        if self._state is not _State.NEW:
+            return
+        client = self._client
+        model = await client._resolve_model()
+        rec = Recorder(model, self.request, client.timeout_for(self.request))
+        wire = client.wire_request(self.request, model)
+        attempt = 0
+        while True:
+            rec.restart()
+            call = None
+            try:
+                call = await (await client._get_transport()).open(wire, model, rec.remaining())
+                first: Any = await anext(call, _END)
+                break
+            except ServerUnavailable:
+                if call is not None:
+                    await call.cancel()
+                if not client.can_retry(attempt):
+                    raise
+                await asyncio.sleep(client.backoff(attempt))
+                attempt += 1
+        self._call, self._first, self._rec, self._state = call, first, rec, _State.OPEN
+
+    async def _take(self) -> _wire.Event | None:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return None if first is _END else first
+        assert self._call is not None
+        try:
+            return await self._call.__anext__()
+        except StopAsyncIteration:
+            return None
+        except TritonForgeError as exc:
+            if self._cancelled:
+                raise _cancelled(exc) from exc
+            raise
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._open()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> Self:
+        if self._iterated or self._state in (_State.DONE, _State.CLOSED):
+            raise StreamConsumed("this stream was already consumed or closed; send a new request")
+        self._iterated = True
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._state in (_State.DONE, _State.CLOSED):
+            raise StopAsyncIteration
+        try:
+            await self._open()
+            assert self._rec is not None
+            while True:
+                event = await self._take()
+                if event is None:
+                    self._state = _State.DONE
+                    raise StopAsyncIteration
+                chunk = self._rec.add(event)
+                if event.final:
+                    self._state = _State.DONE
+                else:
+                    self._rec.check_deadline()
+                if chunk is not None:
+                    return chunk
+                if event.final:
+                    raise StopAsyncIteration
+        except StopAsyncIteration:
+            raise
+        except BaseException:
+            await self.aclose()
+            raise
+
+    @property
+    def completion(self) -> Completion:
+        """The whole generation with its timings; available once the stream has ended."""
+        if self._state is not _State.DONE or self._rec is None:
+            raise StreamError("the stream has not finished: iterate it to the end first")
+        return self._rec.finish()
+
+    async def aclose(self) -> None:
+        """Close the stream; cancels the request on the server if it is still running."""
+        if self._state is _State.OPEN and self._call is not None:
+            self._cancelled = True
+            await self._call.cancel()
+        if self._state is not _State.DONE:
+            self._state = _State.CLOSED
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) is _State.OPEN and isinstance(self._call, AsyncGrpcCall):
+            self._call._call.cancel()
+
+
+# ========================================================================================
+class Client(BaseClient):
+    """Sync client of a tritonforge deployment over gRPC (default) or HTTP.
+
+    ``url`` is ``host:port`` (default ``127.0.0.1:8001`` for gRPC, ``:8000`` for HTTP);
+    ``model`` the ensemble to call (default: discovered, the one ensemble served);
+    ``timeout`` each request's deadline in seconds (``None``: none); ``connect_retries``
+    how often a refused connection is retried before the first response. One client
+    serves any number of concurrent streams (threads or gevent greenlets).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        protocol: Protocol = "grpc",
+        model: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        connect_retries: int = 2,
+    ) -> None:
+        super().__init__(url, protocol=protocol, model=model, timeout=timeout,
+                         connect_timeout=connect_timeout, connect_retries=connect_retries)
+        self._transport: GrpcTransport | HttpTransport | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _get_transport(self) -> GrpcTransport | HttpTransport:
+        if self._transport is None:
+            with self._lock:
+                if self._closed:
+                    raise ServerUnavailable("the client is closed")
+                if self._transport is None:
+                    cls = GrpcTransport if self.protocol == "grpc" else HttpTransport
+                    self._transport = cls(self.url, admin_timeout=self.connect_timeout)
+        return self._transport
+
+    def _resolve_model(self) -> str:
+        if self._model is None:
+            t = self._get_transport()
+            ready = [m.name for m in t.index() if m.ready]
+            self._model = pick_ensemble({name: t.platform(name) for name in ready})
+        return self._model
+
+    def stream(self, request: RequestInput = None, /, **overrides: Unpack[RequestOverrides]) -> Stream:
+        """A stream of the request's chunks: ``with client.stream("Hi") as s: for c in s: ...``."""
+        return Stream(self, self.build_request(request, overrides))
+
+    def complete(self, request: RequestInput = None, /, **overrides: Unpack[RequestOverrides]) -> Completion:
+        """Send one request and wait for the whole :class:`Completion`."""
+        with self.stream(request, **overrides) as s:
+            for _ in s:
+                pass
+            return s.completion
+
+    def chat(self, messages: Messages, /, **overrides: Unpack[RequestOverrides]) -> Completion:
+        """Send chat ``messages`` (``[{"role": ..., "content": ...}]``) and wait for the reply."""
+        return self.complete(Request(messages=messages), **overrides)
+
+    def models(self) -> list[ModelInfo]:
+        """The server's model repository index."""
+        return self._get_transport().index()
+
+    def ready(self, model: str | None = None) -> bool:
+        """Whether ``model`` (default: this client's model) is loaded and ready."""
+        return self._get_transport().model_ready(model or self._resolve_model())
+
+    def close(self) -> None:
+        """Close the connection; streams still running are cancelled."""
+        with self._lock:
+            self._closed = True
+            transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncClient(BaseClient):
+    """asyncio client of a tritonforge deployment over gRPC (default) or HTTP.
+
+    Same arguments as :class:`Client`. Create it anywhere; its connection is made inside
+    the running event loop on first use. One client serves any number of concurrent tasks.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        protocol: Protocol = "grpc",
+        model: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        connect_retries: int = 2,
+    ) -> None:
+        super().__init__(url, protocol=protocol, model=model, timeout=timeout,
+                         connect_timeout=connect_timeout, connect_retries=connect_retries)
+        self._transport: AsyncGrpcTransport | AsyncHttpTransport | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    async def _get_transport(self) -> AsyncGrpcTransport | AsyncHttpTransport:
+        if self._transport is None:
+            with self._lock:
+                if self._closed:
+                    raise ServerUnavailable("the client is closed")
+                if self._transport is None:
+                    cls = AsyncGrpcTransport if self.protocol == "grpc" else AsyncHttpTransport
+                    self._transport = cls(self.url, admin_timeout=self.connect_timeout)
+        return self._transport
+
+    async def _resolve_model(self) -> str:
+        if self._model is None:
+            t = await self._get_transport()
+            ready = [m.name for m in await t.index() if m.ready]
+            self._model = pick_ensemble({name: await t.platform(name) for name in ready})
+        return self._model
+
+    def stream(self, request: RequestInput = None, /, **overrides: Unpack[RequestOverrides]) -> AsyncStream:
+        """A stream of the request's chunks: ``async with client.stream("Hi") as s: async for c in s``."""
+        return AsyncStream(self, self.build_request(request, overrides))
+
+    async def complete(self, request: RequestInput = None, /, **overrides: Unpack[RequestOverrides]) -> Completion:
+        """Send one request and wait for the whole :class:`Completion`."""
+        async with self.stream(request, **overrides) as s:
+            async for _ in s:
+                pass
+            return s.completion
+
+    async def chat(self, messages: Messages, /, **overrides: Unpack[RequestOverrides]) -> Completion:
+        """Send chat ``messages`` (``[{"role": ..., "content": ...}]``) and wait for the reply."""
+        return await self.complete(Request(messages=messages), **overrides)
+
+    async def models(self) -> list[ModelInfo]:
+        """The server's model repository index."""
+        return await (await self._get_transport()).index()
+
+    async def ready(self, model: str | None = None) -> bool:
+        """Whether ``model`` (default: this client's model) is loaded and ready."""
+        return await (await self._get_transport()).model_ready(model or await self._resolve_model())
+
+    async def aclose(self) -> None:
+        """Close the connection; streams still running are cancelled."""
+        with self._lock:
+            self._closed = True
+            transport, self._transport = self._transport, None
+        if transport is not None:
+            await transport.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

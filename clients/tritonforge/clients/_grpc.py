@@ -1,0 +1,206 @@
+"""gRPC transports: the generated stub on one shared channel (sync and asyncio).
+
+Each request is its own bidirectional ``ModelStreamInfer`` call carrying one request, so
+any number of concurrent streams share one channel, and the sync transport runs in
+gevent greenlets (after ``grpc.experimental.gevent.init_gevent()``): no helper threads or
+queues, unlike tritonclient's ``start_stream`` API. Cancelling a call cancels the request
+on the server. ``grpc.RpcError`` is translated in :func:`translate` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Final, TypeVar
+
+import grpc
+import grpc.aio
+from tritonforge.clients import _wire
+from tritonforge.clients._base import ModelInfo
+from tritonforge.clients.exceptions import (
+    Cancelled,
+    ModelNotReady,
+    ServerError,
+    ServerUnavailable,
+    Timeout,
+    TritonForgeError,
+)
+
+__all__ = ["AsyncGrpcCall", "AsyncGrpcTransport", "GrpcCall", "GrpcTransport", "translate"]
+
+_OPTIONS: Final = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    # Reconnect quickly after a refused connection so connect retries can succeed.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+_T = TypeVar("_T")
+
+
+def translate(exc: grpc.RpcError) -> TritonForgeError:
+    """The one place a gRPC error becomes a tritonforge error."""
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ServerUnavailable(f"server unavailable: {details}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return Timeout(f"request timed out: {details}")
+    if code == grpc.StatusCode.CANCELLED:
+        return Cancelled(f"request cancelled: {details}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return ModelNotReady(details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return _wire.server_error(details, kind="invalid")
+    if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        return _wire.server_error(details, kind="internal")
+    return ServerError(f"{code.name if code else 'gRPC error'}: {details}")
+
+
+def _service() -> tuple[Any, Any]:
+    from tritonclient.grpc import service_pb2, service_pb2_grpc  # type: ignore[import-untyped]
+
+    return service_pb2, service_pb2_grpc
+
+
+def _index(pb: Any, reply: Any) -> list[ModelInfo]:
+    return [ModelInfo(m.name, m.version, m.state, m.reason) for m in reply.models]
+
+
+# ----------------------------------------------------------------------------------------
+class GrpcCall:
+    """One in-flight ``ModelStreamInfer`` call, iterated as decoded events."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[_wire.Event]:
+        return self
+
+    def __next__(self) -> _wire.Event:
+        try:
+            response = next(self._call)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        return _wire.grpc_event(response)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class GrpcTransport:
+    """Sync gRPC transport on one ``grpc.Channel``."""
+
+    def __init__(self, target: str, *, admin_timeout: float) -> None:
+        self._pb, grpc_mod = _service()
+        self._channel = grpc.insecure_channel(target, options=_OPTIONS)
+        self._stub = grpc_mod.GRPCInferenceServiceStub(self._channel)
+        self._admin_timeout = admin_timeout
+
+    def _unary(self, fn: Callable[..., _T], *args: Any) -> _T:
+        try:
+            return fn(*args, timeout=self._admin_timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+
+    def open(self, wire: Any, model: str, timeout: float | None) -> GrpcCall:
+        try:
+            call = self._stub.ModelStreamInfer(iter([wire]), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        return GrpcCall(call)
+
+    def index(self) -> list[ModelInfo]:
+        reply = self._unary(self._stub.RepositoryIndex, self._pb.RepositoryIndexRequest())
+        return _index(self._pb, reply)
+
+    def platform(self, model: str) -> str:
+        reply = self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
+        return str(reply.config.platform)
+
+    def model_ready(self, model: str) -> bool:
+        try:
+            reply = self._unary(self._stub.ModelReady, self._pb.ModelReadyRequest(name=model))
+        except ModelNotReady:
+            return False
+        return bool(reply.ready)
+
+    def server_ready(self) -> bool:
+        reply = self._unary(self._stub.ServerReady, self._pb.ServerReadyRequest())
+        return bool(reply.ready)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+# ----------------------------------------------------------------------------------------
+async def _one(item: Any) -> AsyncIterator[Any]:
+    yield item
+
+
+class AsyncGrpcCall:
+    """One in-flight ``ModelStreamInfer`` call on a ``grpc.aio`` channel."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __aiter__(self) -> AsyncIterator[_wire.Event]:
+        return self
+
+    async def __anext__(self) -> _wire.Event:
+        try:
+            response = await self._call.read()
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        if response is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return _wire.grpc_event(response)
+
+    async def cancel(self) -> None:
+        self._call.cancel()
+
+
+class AsyncGrpcTransport:
+    """asyncio gRPC transport on one ``grpc.aio.Channel`` (create inside the event loop)."""
+
+    def __init__(self, target: str, *, admin_timeout: float) -> None:
+        self._pb, grpc_mod = _service()
+        self._channel = grpc.aio.insecure_channel(target, options=_OPTIONS)
+        self._stub = grpc_mod.GRPCInferenceServiceStub(self._channel)
+        self._admin_timeout = admin_timeout
+
+    async def _unary(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return await fn(*args, timeout=self._admin_timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+
+    async def open(self, wire: Any, model: str, timeout: float | None) -> AsyncGrpcCall:
+        try:
+            call = self._stub.ModelStreamInfer(_one(wire), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        return AsyncGrpcCall(call)
+
+    async def index(self) -> list[ModelInfo]:
+        reply = await self._unary(self._stub.RepositoryIndex, self._pb.RepositoryIndexRequest())
+        return _index(self._pb, reply)
+
+    async def platform(self, model: str) -> str:
+        reply = await self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
+        return str(reply.config.platform)
+
+    async def model_ready(self, model: str) -> bool:
+        try:
+            reply = await self._unary(self._stub.ModelReady, self._pb.ModelReadyRequest(name=model))
+        except ModelNotReady:
+            return False
+        return bool(reply.ready)
+
+    async def server_ready(self) -> bool:
+        reply = await self._unary(self._stub.ServerReady, self._pb.ServerReadyRequest())
+        return bool(reply.ready)
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,236 @@
+"""HTTP transports: httpx (connection reuse) + httpx-sse for ``generate_stream``.
+
+One ``httpx.Client`` / ``httpx.AsyncClient`` serves every request of a tritonforge client.
+A request is ``POST /v2/models/<m>/generate_stream`` answered by SSE events; closing the
+response closes the connection, which ends the request on the server. ``httpx`` and SSE
+errors are translated in :func:`translate` only; HTTP error statuses in :func:`status_error`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Final
+
+import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
+from tritonforge.clients import _wire
+from tritonforge.clients._base import ModelInfo
+from tritonforge.clients.exceptions import (
+    ProtocolError,
+    ServerError,
+    ServerUnavailable,
+    Timeout,
+    TritonForgeError,
+)
+
+__all__ = ["AsyncHttpCall", "AsyncHttpTransport", "HttpCall", "HttpTransport", "status_error", "translate"]
+
+_LIMITS: Final = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+_SSE_HEADERS: Final = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
+
+
+def translate(exc: Exception) -> TritonForgeError:
+    """The one place an httpx / SSE error becomes a tritonforge error."""
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return Timeout(f"request timed out: {exc or type(exc).__name__}")
+    if isinstance(exc, (httpx.TransportError, httpx.StreamClosed)):
+        return ServerUnavailable(f"server unavailable: {exc or type(exc).__name__}")
+    if isinstance(exc, SSEError):
+        return ProtocolError(f"not an SSE stream: {exc}")
+    return ProtocolError(f"HTTP error: {exc}")
+
+
+def status_error(status: int, body: bytes) -> TritonForgeError:
+    """The typed error for a non-2xx reply (Triton puts ``{"error": "..."}`` in the body)."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        obj = json.loads(text)
+        if isinstance(obj, dict) and "error" in obj:
+            text = str(obj["error"])
+    except json.JSONDecodeError:
+        pass
+    kind = {400: "invalid", 404: "not_found", 503: "unavailable"}.get(status)
+    if kind is None and status >= 500:
+        kind = "internal"
+    if kind is None:
+        return ServerError(f"HTTP {status}: {text}")
+    return _wire.server_error(text, kind=kind)
+
+
+def _timeout(total: float | None, connect: float) -> httpx.Timeout:
+    # The read timeout bounds one wait between events; the whole-request deadline is
+    # checked by the stream after each event.
+    return httpx.Timeout(total, connect=connect if total is None else min(connect, total))
+
+
+def _index(obj: Any) -> list[ModelInfo]:
+    if not isinstance(obj, list):
+        raise ProtocolError("repository index reply is not a JSON list")
+    return [
+        ModelInfo(str(m.get("name", "")), str(m.get("version", "")), str(m.get("state", "")),
+                  str(m.get("reason", "")))
+        for m in obj
+    ]
+
+
+# ----------------------------------------------------------------------------------------
+class HttpCall:
+    """One in-flight ``generate_stream`` request, iterated as decoded events."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self._events: Iterator[ServerSentEvent] = EventSource(response).iter_sse()
+
+    def __iter__(self) -> Iterator[_wire.Event]:
+        return self
+
+    def __next__(self) -> _wire.Event:
+        while True:
+            try:
+                sse = next(self._events)
+            except StopIteration:
+                self._response.close()
+                raise
+            except (httpx.HTTPError, httpx.StreamError, SSEError) as exc:
+                raise translate(exc) from exc
+            if sse.data:
+                return _wire.sse_event(sse.data)
+
+    def cancel(self) -> None:
+        self._response.close()
+
+
+class HttpTransport:
+    """Sync HTTP transport on one ``httpx.Client``."""
+
+    def __init__(self, base_url: str, *, admin_timeout: float) -> None:
+        self._admin_timeout = admin_timeout
+        self._client = httpx.Client(base_url=base_url, limits=_LIMITS, timeout=admin_timeout)
+
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return self._client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise translate(exc) from exc
+
+    def open(self, wire: Any, model: str, timeout: float | None) -> HttpCall:
+        request = self._client.build_request(
+            "POST", f"/v2/models/{model}/generate_stream", json=wire, headers=_SSE_HEADERS,
+            timeout=_timeout(timeout, self._admin_timeout),
+        )
+        try:
+            response = self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise translate(exc) from exc
+        if response.status_code != 200:
+            try:
+                body = response.read()
+            except httpx.HTTPError as exc:
+                raise translate(exc) from exc
+            finally:
+                response.close()
+            raise status_error(response.status_code, body)
+        return HttpCall(response)
+
+    def index(self) -> list[ModelInfo]:
+        reply = self._call("POST", "/v2/repository/index", json={})
+        if reply.status_code != 200:
+            raise status_error(reply.status_code, reply.content)
+        return _index(reply.json())
+
+    def platform(self, model: str) -> str:
+        reply = self._call("GET", f"/v2/models/{model}/config")
+        if reply.status_code != 200:
+            raise status_error(reply.status_code, reply.content)
+        return str(reply.json().get("platform", ""))
+
+    def model_ready(self, model: str) -> bool:
+        return self._call("GET", f"/v2/models/{model}/ready").status_code == 200
+
+    def server_ready(self) -> bool:
+        return self._call("GET", "/v2/health/ready").status_code == 200
+
+    def close(self) -> None:
+        self._client.close()
+
+
+# ----------------------------------------------------------------------------------------
+class AsyncHttpCall:
+    """One in-flight ``generate_stream`` request on an ``httpx.AsyncClient``."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self._events: AsyncIterator[ServerSentEvent] = EventSource(response).aiter_sse()
+
+    def __aiter__(self) -> AsyncIterator[_wire.Event]:
+        return self
+
+    async def __anext__(self) -> _wire.Event:
+        while True:
+            try:
+                sse = await self._events.__anext__()
+            except StopAsyncIteration:
+                await self._response.aclose()
+                raise
+            except (httpx.HTTPError, httpx.StreamError, SSEError) as exc:
+                raise translate(exc) from exc
+            if sse.data:
+                return _wire.sse_event(sse.data)
+
+    async def cancel(self) -> None:
+        await self._response.aclose()
+
+
+class AsyncHttpTransport:
+    """asyncio HTTP transport on one ``httpx.AsyncClient``."""
+
+    def __init__(self, base_url: str, *, admin_timeout: float) -> None:
+        self._admin_timeout = admin_timeout
+        self._client = httpx.AsyncClient(base_url=base_url, limits=_LIMITS, timeout=admin_timeout)
+
+    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return await self._client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise translate(exc) from exc
+
+    async def open(self, wire: Any, model: str, timeout: float | None) -> AsyncHttpCall:
+        request = self._client.build_request(
+            "POST", f"/v2/models/{model}/generate_stream", json=wire, headers=_SSE_HEADERS,
+            timeout=_timeout(timeout, self._admin_timeout),
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise translate(exc) from exc
+        if response.status_code != 200:
+            try:
+                body = await response.aread()
+            except httpx.HTTPError as exc:
+                raise translate(exc) from exc
+            finally:
+                await response.aclose()
+            raise status_error(response.status_code, body)
+        return AsyncHttpCall(response)
+
+    async def index(self) -> list[ModelInfo]:
+        reply = await self._call("POST", "/v2/repository/index", json={})
+        if reply.status_code != 200:
+            raise status_error(reply.status_code, reply.content)
+        return _index(reply.json())
+
+    async def platform(self, model: str) -> str:
+        reply = await self._call("GET", f"/v2/models/{model}/config")
+        if reply.status_code != 200:
+            raise status_error(reply.status_code, reply.content)
+        return str(reply.json().get("platform", ""))
+
+    async def model_ready(self, model: str) -> bool:
+        return (await self._call("GET", f"/v2/models/{model}/ready")).status_code == 200
+
+    async def server_ready(self) -> bool:
+        return (await self._call("GET", "/v2/health/ready")).status_code == 200
+
+    async def close(self) -> None:
+        await self._client.aclose()

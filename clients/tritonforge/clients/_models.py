@@ -1,0 +1,253 @@
+"""The typed request and response objects of the clients (no I/O)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypedDict
+
+from tritonforge import contract
+from tritonforge.clients.exceptions import InvalidRequest
+
+__all__ = [
+    "REQUEST_TENSORS",
+    "USE_CLIENT_DEFAULT",
+    "Chunk",
+    "Completion",
+    "Message",
+    "Request",
+    "RequestOverrides",
+    "TimeoutTypes",
+    "UseClientDefault",
+]
+
+
+class UseClientDefault(enum.Enum):
+    """Type of :data:`USE_CLIENT_DEFAULT`: "not passed", as opposed to an explicit ``None``."""
+
+    USE_CLIENT_DEFAULT = "USE_CLIENT_DEFAULT"
+
+    def __repr__(self) -> str:
+        return "USE_CLIENT_DEFAULT"
+
+
+USE_CLIENT_DEFAULT: Final = UseClientDefault.USE_CLIENT_DEFAULT
+"""Sentinel: take the client's default (``timeout=None`` instead means "no deadline")."""
+
+TimeoutTypes = float | None | UseClientDefault
+
+
+class Message(TypedDict):
+    """One chat message: ``{"role": "user", "content": "..."}``."""
+
+    role: str
+    content: str
+
+
+# Request field -> ensemble input tensor. Dtypes and shapes come from the contract; this
+# table only says which field feeds which input (checked against the contract at import).
+REQUEST_TENSORS: Final[dict[str, str]] = {
+    "prompt": "text_input",
+    "messages": "messages",
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_tokens": "min_tokens",
+    "seed": "seed",
+    "stop": "stop_words",
+    "bad_words": "bad_words",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "stream": "stream",
+}
+_INPUTS: Final = contract.by_name(contract.ENSEMBLE_INPUTS)
+_unknown = set(REQUEST_TENSORS.values()) - set(_INPUTS)
+if _unknown:  # pragma: no cover - fails at import if the contract drifts
+    raise ImportError(f"tritonforge.clients: the contract lacks inputs {sorted(_unknown)}")
+
+_INTEGER_TYPES: Final = (contract.DType.INT32, contract.DType.INT64, contract.DType.UINT64)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request to the served ensemble.
+
+    Exactly one of ``prompt`` (plain text) and ``messages`` (chat; the server applies the
+    model's chat template) is given. Sampling fields left at ``None`` are not sent, so the
+    server's defaults (from the deployment spec) apply. ``timeout`` is the whole request's
+    deadline in seconds: ``USE_CLIENT_DEFAULT`` takes the client's, ``None`` means none.
+    """
+
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, object]] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_tokens: int | None = None
+    seed: int | None = None
+    stop: Sequence[str] | None = None
+    bad_words: Sequence[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stream: bool = True
+    request_id: str | None = None
+    timeout: TimeoutTypes = field(default=USE_CLIENT_DEFAULT, compare=False)
+
+    def __post_init__(self) -> None:
+        # Normalise containers so a Request is immutable all the way down.
+        if self.messages is not None and not isinstance(self.messages, (str, bytes)):
+            msgs = tuple(dict(m) if isinstance(m, Mapping) else m for m in self.messages)
+            object.__setattr__(self, "messages", msgs)
+        for name in ("stop", "bad_words"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, bytes)):
+                object.__setattr__(self, name, tuple(value))
+
+    def replace(self, **changes: Any) -> Request:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def messages_json(self) -> str | None:
+        """The ``messages`` input as sent on the wire (JSON), or ``None``."""
+        if self.messages is None:
+            return None
+        return json.dumps([dict(m) for m in self.messages], ensure_ascii=False)
+
+    def inputs(self) -> dict[str, Any]:
+        """The ensemble inputs this request sends: tensor name -> Python value.
+
+        Scalars stay scalars, word lists stay lists; absent (``None``) fields are left out.
+        """
+        out: dict[str, Any] = {}
+        for fname, tensor in REQUEST_TENSORS.items():
+            value: Any = self.messages_json() if fname == "messages" else getattr(self, fname)
+            if value is None:
+                continue
+            out[tensor] = list(value) if fname in ("stop", "bad_words") else value
+        return out
+
+    def validate(self) -> None:
+        """Check the request with the server's own bounds; raise :class:`InvalidRequest`.
+
+        Uses ``contract.check_sampling`` and ``contract.parse_messages``, the functions the
+        server's preprocessing model calls, so both sides accept exactly the same requests.
+        """
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequest("give exactly one of prompt (text) or messages (chat)")
+        if self.prompt is not None:
+            if not isinstance(self.prompt, str):
+                raise InvalidRequest(f"prompt must be a string; got {type(self.prompt).__name__}")
+            size = len(self.prompt.encode("utf-8"))
+            if size > contract.LIMITS.max_prompt_bytes:
+                raise InvalidRequest(
+                    f"prompt must be at most {contract.LIMITS.max_prompt_bytes} bytes of UTF-8;"
+                    f" got {size}"
+                )
+        if self.messages is not None:
+            if isinstance(self.messages, (str, bytes)):
+                raise InvalidRequest("messages must be a list of {role, content} objects")
+            try:
+                contract.parse_messages(self.messages_json() or "")
+            except (ValueError, TypeError) as exc:
+                raise InvalidRequest(str(exc)) from None
+        values = self.inputs()
+        for name, value in values.items():
+            tensor = _INPUTS[name]
+            if tensor.dtype in _INTEGER_TYPES and (
+                isinstance(value, bool) or not isinstance(value, int)
+            ):
+                raise InvalidRequest(f"{name} must be an integer; got {value!r}")
+        if not isinstance(self.stream, bool):
+            raise InvalidRequest(f"stream must be true or false; got {self.stream!r}")
+        for name in ("stop", "bad_words"):
+            if isinstance(getattr(self, name), (str, bytes)):
+                raise InvalidRequest(f"{name} must be a list of strings, not one string")
+        t = self.timeout
+        if not isinstance(t, UseClientDefault) and t is not None and (
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0
+        ):
+            raise InvalidRequest(f"timeout must be a positive number of seconds; got {self.timeout!r}")
+        try:
+            contract.check_sampling(values)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+
+
+class RequestOverrides(TypedDict, total=False):
+    """Per-call overrides accepted as keyword arguments by ``complete``/``stream``/``chat``.
+
+    A key that is absent keeps the request's value; ``None`` clears it (server default).
+    """
+
+    prompt: str | None
+    messages: Sequence[Mapping[str, object]] | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_tokens: int | None
+    seed: int | None
+    stop: Sequence[str] | None
+    bad_words: Sequence[str] | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    repetition_penalty: float | None
+    stream: bool
+    request_id: str | None
+    timeout: TimeoutTypes
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed response.
+
+    ``text`` is the new text (a delta), ``tokens`` the number of tokens this response
+    carries, ``index`` its 0-based position in the stream, ``arrival`` the seconds since
+    the request was sent, ``finish_reason`` empty (``FinishReason.NONE``) except on the
+    last chunk.
+    """
+
+    text: str
+    tokens: int
+    index: int
+    arrival: float
+    finish_reason: contract.FinishReason = contract.FinishReason.NONE
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished generation with its timings (seconds; genai-perf's definitions).
+
+    * ``ttft``: first chunk carrying text or tokens minus request send time (``None`` when
+      nothing was generated).
+    * ``itl``: (``latency`` - ``ttft``) / (``completion_tokens`` - 1), the inter-token
+      latency summary (``None`` with fewer than two tokens).
+    * ``inter_token_latencies``: the gaps between consecutive non-empty chunks.
+    * ``latency``: end-to-end, request send to final response.
+    """
+
+    text: str
+    finish_reason: contract.FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    ttft: float | None
+    itl: float | None
+    inter_token_latencies: tuple[float, ...]
+    latency: float
+    chunks: int
+    model: str
+    request_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``finish_reason`` as its string value)."""
+        out = dataclasses.asdict(self)
+        out["finish_reason"] = self.finish_reason.value
+        out["inter_token_latencies"] = list(self.inter_token_latencies)
+        return out

@@ -1,0 +1,251 @@
+"""Wire encoding and decoding of the ensemble contract, for both transports (no I/O).
+
+gRPC: a request is one ``ModelInferRequest`` (sent on a ``ModelStreamInfer`` stream), every
+input shaped ``[1, *dims]`` (the repository's models batch), BYTES in
+``raw_input_contents`` as 4-byte little-endian length + bytes, numbers little-endian.
+HTTP: a JSON body whose keys are input names (``generate_stream``), answered by SSE events
+whose JSON data has the output names as keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from tritonforge import contract
+from tritonforge.clients.exceptions import (
+    InvalidRequest,
+    ModelNotReady,
+    ProtocolError,
+    ServerError,
+    ServerUnavailable,
+    TritonForgeError,
+)
+
+if TYPE_CHECKING:
+    from tritonforge.clients._models import Request
+
+__all__ = [
+    "OUTPUT_FINISH",
+    "OUTPUT_PROMPT_TOKENS",
+    "OUTPUT_TEXT",
+    "OUTPUT_TOKENS",
+    "Event",
+    "decode_bytes",
+    "encode_bytes",
+    "grpc_event",
+    "grpc_request",
+    "http_body",
+    "server_error",
+    "sse_event",
+]
+
+_IN: Final = contract.by_name(contract.ENSEMBLE_INPUTS)
+_OUT: Final = contract.by_name(contract.ENSEMBLE_OUTPUTS)
+OUTPUT_TEXT: Final = _OUT["text_output"].name
+OUTPUT_FINISH: Final = _OUT["finish_reason"].name
+OUTPUT_PROMPT_TOKENS: Final = _OUT["num_input_tokens"].name
+OUTPUT_TOKENS: Final = _OUT["num_output_tokens"].name
+
+# struct format letter per fixed-size wire type.
+_STRUCT: Final[dict[str, str]] = {
+    "BOOL": "?",
+    "INT32": "i",
+    "INT64": "q",
+    "UINT64": "Q",
+    "FP16": "e",
+    "FP32": "f",
+    "FP64": "d",
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One decoded response of the ensemble (either transport)."""
+
+    text: str
+    tokens: int
+    prompt_tokens: int | None
+    finish_reason: contract.FinishReason
+    final: bool
+
+
+# ----------------------------------------------------------------------------------------
+# Raw tensor bytes
+def encode_bytes(items: list[bytes]) -> bytes:
+    """Serialise BYTES elements: each as a 4-byte little-endian length, then the bytes."""
+    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+def decode_bytes(raw: bytes) -> list[bytes]:
+    """Inverse of :func:`encode_bytes`; raises :class:`ProtocolError` on a truncated buffer."""
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise ProtocolError("truncated BYTES tensor (length prefix cut short)")
+        (n,) = struct.unpack_from("<I", raw, pos)
+        pos += 4
+        if pos + n > len(raw):
+            raise ProtocolError("truncated BYTES tensor (element cut short)")
+        out.append(raw[pos : pos + n])
+        pos += n
+    return out
+
+
+def _elements(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _encode(wire_type: str, values: list[Any]) -> bytes:
+    if wire_type == "BYTES":
+        return encode_bytes([v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values])
+    return struct.pack(f"<{len(values)}{_STRUCT[wire_type]}", *values)
+
+
+def _decode(wire_type: str, raw: bytes) -> list[Any]:
+    if wire_type == "BYTES":
+        return decode_bytes(raw)
+    letter = _STRUCT.get(wire_type)
+    if letter is None:
+        raise ProtocolError(f"unexpected output datatype {wire_type}")
+    size = struct.calcsize(letter)
+    if len(raw) % size:
+        raise ProtocolError(f"{wire_type} tensor of {len(raw)} bytes is not a whole number of elements")
+    return list(struct.unpack(f"<{len(raw) // size}{letter}", raw))
+
+
+def _shape(tensor: contract.Tensor, count: int) -> list[int]:
+    return [1, *(count if d == -1 else d for d in tensor.dims)]
+
+
+# ----------------------------------------------------------------------------------------
+# gRPC
+def grpc_request(request: Request, model: str) -> Any:
+    """The ``ModelInferRequest`` for one request (sent alone on a ``ModelStreamInfer`` call).
+
+    The empty-final-response parameter is set, so the end of every stream is explicit.
+    """
+    from tritonclient.grpc import service_pb2  # type: ignore[import-untyped]
+
+    msg = service_pb2.ModelInferRequest(model_name=model, id=request.request_id or "")
+    for name, value in request.inputs().items():
+        tensor = _IN[name]
+        values = _elements(value)
+        wire_type = tensor.dtype.wire
+        msg.inputs.append(
+            service_pb2.ModelInferRequest.InferInputTensor(
+                name=name, datatype=wire_type, shape=_shape(tensor, len(values))
+            )
+        )
+        msg.raw_input_contents.append(_encode(wire_type, values))
+    msg.parameters[contract.ENABLE_EMPTY_FINAL_PARAMETER].bool_param = True
+    return msg
+
+
+def _contents_values(datatype: str, contents: Any) -> list[Any]:
+    field = {
+        "BYTES": "bytes_contents", "BOOL": "bool_contents", "INT32": "int_contents",
+        "INT64": "int64_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+        "FP64": "fp64_contents",
+    }.get(datatype)
+    if field is None:
+        raise ProtocolError(f"unexpected output datatype {datatype}")
+    return list(getattr(contents, field))
+
+
+def grpc_event(stream_response: Any) -> Event:
+    """Decode one ``ModelStreamInferResponse``; an ``error_message`` raises the typed error."""
+    if stream_response.error_message:
+        raise server_error(stream_response.error_message)
+    resp = stream_response.infer_response
+    values: dict[str, list[Any]] = {}
+    raw = resp.raw_output_contents
+    for i, out in enumerate(resp.outputs):
+        if i < len(raw):
+            values[out.name] = _decode(out.datatype, raw[i])
+        else:
+            values[out.name] = _contents_values(out.datatype, out.contents)
+    final = False
+    if contract.FINAL_RESPONSE_PARAMETER in resp.parameters:
+        final = bool(resp.parameters[contract.FINAL_RESPONSE_PARAMETER].bool_param)
+    return _event(values, final=final)
+
+
+# ----------------------------------------------------------------------------------------
+# HTTP
+def http_body(request: Request) -> dict[str, Any]:
+    """The JSON body for ``POST /v2/models/<m>/generate_stream``: input names as keys."""
+    body: dict[str, Any] = dict(request.inputs())
+    if request.request_id:
+        body["id"] = request.request_id
+    return body
+
+
+def sse_event(data: str) -> Event:
+    """Decode one SSE event's data; an ``error`` key raises the typed error."""
+    try:
+        obj = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"SSE event is not JSON: {data[:200]!r}") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"SSE event is not a JSON object: {data[:200]!r}")
+    if "error" in obj:
+        raise server_error(str(obj["error"]))
+    values = {k: _elements(v) for k, v in obj.items() if k in _OUT}
+    # HTTP has no final-response flag: the body ends after the last event.
+    return _event(values, final=False)
+
+
+# ----------------------------------------------------------------------------------------
+def _text(v: Any) -> str:
+    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _event(values: dict[str, list[Any]], *, final: bool) -> Event:
+    texts = values.get(OUTPUT_TEXT, [])
+    text = "".join(_text(t) for t in texts)
+    reason_raw = _text(values[OUTPUT_FINISH][0]) if values.get(OUTPUT_FINISH) else ""
+    try:
+        reason = contract.FinishReason(reason_raw)
+    except ValueError as exc:
+        raise ProtocolError(f"unknown finish_reason {reason_raw!r}") from exc
+    tokens = values.get(OUTPUT_TOKENS)
+    prompt = values.get(OUTPUT_PROMPT_TOKENS)
+    if not values and not final:
+        raise ProtocolError("a response carried none of the ensemble's outputs")
+    return Event(
+        text=text,
+        tokens=int(tokens[0]) if tokens else 0,
+        prompt_tokens=int(prompt[0]) if prompt else None,
+        finish_reason=reason,
+        final=final,
+    )
+
+
+_MODEL_MISSING: Final = re.compile(
+    r"unknown model|is not found|not ready|no available versions|is not loaded|unavailable model",
+    re.IGNORECASE,
+)
+
+
+def server_error(message: str, *, kind: str | None = None) -> TritonForgeError:
+    """The typed error for a message the server sent.
+
+    ``kind`` is the transport's status class when there is one: ``"invalid"`` (gRPC
+    INVALID_ARGUMENT, HTTP 400), ``"not_found"``, ``"unavailable"``, ``"internal"``; ``None``
+    for errors inside a stream (``error_message`` / SSE ``error`` event), which carry no
+    status: by the serving contract those are refused requests unless they name a missing
+    model.
+    """
+    text = message.strip() or "the server reported an error without a message"
+    if kind == "not_found" or _MODEL_MISSING.search(text):
+        return ModelNotReady(text)
+    if kind == "unavailable":
+        return ServerUnavailable(text)
+    if kind == "internal":
+        return ServerError(text)
+    return InvalidRequest(text, server_message=text)

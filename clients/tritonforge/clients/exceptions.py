@@ -1,0 +1,91 @@
+"""Every error the tritonforge clients raise.
+
+Foreign errors (``grpc.RpcError``, ``httpx.HTTPError``, SSE decoding errors) never escape
+the clients: each transport translates them in one place and chains the original with
+``raise ... from exc``.  Errors the server reports inside a successful reply (a
+``ModelStreamInfer`` response's ``error_message``, an SSE ``error`` event after HTTP 200)
+become the same types.
+
+The tree::
+
+    TritonForgeError
+    ├── ServerUnavailable   the server cannot be reached (refused, reset, stopped, shutting down)
+    ├── Timeout             the request's deadline passed before it finished
+    ├── ModelNotReady       the model is unknown, unloaded or not ready; or no single
+    │                       ensemble could be discovered when no model was named
+    ├── InvalidRequest      the request was refused, by the client-side check or by the
+    │                       server (``.server_message`` holds the server's words)
+    ├── ServerError         the server failed while handling a valid request
+    ├── Cancelled           the request was cancelled (by ``Stream.close()`` from elsewhere,
+    │                       or by the server) before it finished
+    ├── ProtocolError       a reply broke the serving contract (missing outputs, not SSE, ...)
+    └── StreamError         a ``Stream`` was used wrongly
+        └── StreamConsumed  iterating a stream that was already consumed or closed
+
+Retries: only ``ServerUnavailable`` raised before the first response of a request is
+retried (``connect_retries`` times, with backoff); nothing is retried once a stream has
+produced a chunk.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Cancelled",
+    "InvalidRequest",
+    "ModelNotReady",
+    "ProtocolError",
+    "ServerError",
+    "ServerUnavailable",
+    "StreamConsumed",
+    "StreamError",
+    "Timeout",
+    "TritonForgeError",
+]
+
+
+class TritonForgeError(Exception):
+    """Base class of every error raised by the tritonforge clients."""
+
+
+class ServerUnavailable(TritonForgeError):
+    """The server could not be reached: connection refused or reset, server stopped."""
+
+
+class Timeout(TritonForgeError):
+    """The request's deadline (``timeout``) passed before the request finished."""
+
+
+class ModelNotReady(TritonForgeError):
+    """The model is unknown, unloaded or not ready, or no single ensemble was found."""
+
+
+class InvalidRequest(TritonForgeError):
+    """The request was refused as invalid.
+
+    ``server_message`` is the server's own message when the server refused it, ``None``
+    when the client-side check (the same bounds as the server's) refused it before any I/O.
+    """
+
+    def __init__(self, message: str, *, server_message: str | None = None) -> None:
+        super().__init__(message)
+        self.server_message = server_message
+
+
+class ServerError(TritonForgeError):
+    """The server failed while handling the request (an internal error, not the request's fault)."""
+
+
+class Cancelled(TritonForgeError):
+    """The request was cancelled before it finished."""
+
+
+class ProtocolError(TritonForgeError):
+    """A reply did not follow the serving contract."""
+
+
+class StreamError(TritonForgeError):
+    """A stream object was used wrongly."""
+
+
+class StreamConsumed(StreamError):
+    """The stream was already iterated to its end, or closed; a stream can be read once."""
