@@ -1,0 +1,74 @@
+"""The non-decoupled ``<name>_sync`` model: one request in, one response out.
+
+HTTP ``/generate``, gRPC ``ModelInfer`` and Triton's response cache all need a model that
+answers each request with exactly one response; the streaming ensemble is decoupled. This
+model forwards the request to the ensemble (Business Logic Scripting, with ``stream`` forced
+to false) and returns its single answer, so the text is the same as the ensemble's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.backends import triton_io
+from tritonforge.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, Param
+
+__all__ = ["TritonPythonModel", "merge_responses"]
+
+_OUTPUT_NAMES = [t.name for t in ENSEMBLE_OUTPUTS]
+
+
+def merge_responses(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Join the responses of one request: texts and token counts add up, the last reason wins."""
+    text = b"".join(bytes(p["text_output"].reshape(-1)[0]) for p in parts if "text_output" in p)
+    reason = b""
+    for p in parts:
+        if "finish_reason" in p and bytes(p["finish_reason"].reshape(-1)[0]):
+            reason = bytes(p["finish_reason"].reshape(-1)[0])
+    n_in = max((int(p["num_input_tokens"].reshape(-1)[0]) for p in parts if "num_input_tokens" in p), default=0)
+    n_out = sum(int(p["num_output_tokens"].reshape(-1)[0]) for p in parts if "num_output_tokens" in p)
+    return {
+        "text_output": np.array([[text]], dtype=object),
+        "finish_reason": np.array([[reason]], dtype=object),
+        "num_input_tokens": np.array([[n_in]], dtype=np.int32),
+        "num_output_tokens": np.array([[n_out]], dtype=np.int32),
+    }
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        _, params = triton_io.model_params(args)
+        self.target = params[Param.TARGET_MODEL.value]
+
+    def _forward(self, request: Any) -> Any:
+        inputs = []
+        for t in ENSEMBLE_INPUTS:
+            if t.name == "stream":
+                continue
+            tensor = pb_utils.get_input_tensor_by_name(request, t.name)
+            if tensor is not None:
+                inputs.append(tensor)
+        inputs.append(pb_utils.Tensor("stream", np.array([[False]], dtype=bool)))
+        bls = pb_utils.InferenceRequest(
+            model_name=self.target, requested_output_names=_OUTPUT_NAMES, inputs=inputs
+        )
+        parts: list[dict[str, np.ndarray]] = []
+        for response in bls.exec(decoupled=True):
+            if response.has_error():
+                return pb_utils.InferenceResponse(error=response.error())
+            tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
+            if tensors:
+                parts.append(tensors)
+        return triton_io.make_response(merge_responses(parts))
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        out = []
+        for request in requests:
+            try:
+                out.append(self._forward(request))
+            except Exception as exc:
+                out.append(triton_io.error_response(f"{self.target} failed: {exc}", invalid=False))
+        return out

@@ -1,0 +1,333 @@
+"""Locating, laying out, starting and stopping a real ``tritonserver``.
+
+Two installs are supported:
+
+* a ``tritonserver`` on ``PATH`` (an NGC container): used as it is, with its own backends;
+* the server bundled in the ``nvidia-pytriton`` wheel: copied once into the cache folder with
+  the Python backend stub that matches the running interpreter, and started with the
+  environment it needs (see ``server_environment``): the venv's ``bin/`` first on ``PATH``
+  (the stub finds numpy, tokenizers and vLLM through it) and the running interpreter's own
+  ``libpython`` first on ``LD_LIBRARY_PATH`` (the stub is linked against the system's).
+
+The server runs in its own process group, so stopping it also ends the Python backend stubs
+and the engine processes they started: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonforge.runtime.paths import cache_dir
+
+__all__ = [
+    "ServerInstall",
+    "ServerOptions",
+    "TritonServer",
+    "ServerError",
+    "find_install",
+    "free_port",
+    "server_environment",
+]
+
+RESTRICTED_API_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
+RESTRICTED_HEADER = "admin-key"
+# Triton's admin-ish endpoint groups, closed unless the admin key header is sent.
+RESTRICTED_GROUPS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
+
+
+class ServerError(Exception):
+    """The server could not be laid out, started, or did not become ready."""
+
+
+@dataclass(frozen=True)
+class ServerInstall:
+    binary: Path
+    backend_dir: Path
+    cache_dir: Path | None
+    lib_dirs: tuple[Path, ...]
+    bundled: bool
+
+
+def _pytriton_root() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def find_install(*, prefer_path: bool = True) -> ServerInstall:
+    """Find a tritonserver: one on PATH (NGC image) first, else the pytriton-bundled one."""
+    on_path = shutil.which("tritonserver") if prefer_path else None
+    if on_path:
+        binary = Path(on_path).resolve()
+        root = binary.parent.parent  # /opt/tritonserver/bin/tritonserver
+        caches = root / "caches"
+        return ServerInstall(binary, root / "backends", caches if caches.is_dir() else None, (), False)
+    pkg = _pytriton_root()
+    if pkg is None:
+        raise ServerError(
+            "no tritonserver found: none on PATH and nvidia-pytriton is not installed "
+            "(run scripts/setup.sh, or pip install nvidia-pytriton==0.7.0)"
+        )
+    src = pkg / "tritonserver"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = src / "python_backend_stubs" / py / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {py} ({stub})")
+    libs = pkg.parent / "nvidia_pytriton.libs"
+    dest = cache_dir() / "tritonserver" / f"pytriton-{_dist_version('nvidia-pytriton')}-py{py}"
+    if not (dest / ".complete").is_file():
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, symlinks=True, ignore=shutil.ignore_patterns("python_backend_stubs"))
+        shutil.copy2(stub, tmp / "backends" / "python" / "triton_python_backend_stub")
+        (tmp / ".complete").write_text("ok\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    lib_dirs = tuple(p for p in (Path(libdir) if libdir else None, libs) if p is not None)
+    return ServerInstall(dest / "bin" / "tritonserver", dest / "backends", dest / "caches", lib_dirs, True)
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def server_environment(install: ServerInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the server (and so every Python backend stub) runs in."""
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "")])
+    if install.lib_dirs:
+        parts = [str(p) for p in install.lib_dirs]
+        if env.get("LD_LIBRARY_PATH"):
+            parts.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(parts)
+    cache = cache_dir()
+    tmp = cache / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.setdefault("TRITONFORGE_CACHE", str(cache))
+    env["TMPDIR"] = str(tmp)  # vLLM leaves IPC sockets in TMPDIR
+    env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerOptions:
+    repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    log_file: Path | None = None
+    restrict_admin: bool = True
+    admin_key: str | None = None  # default: $TRITONFORGE_ADMIN_KEY, else a random key
+    response_cache_bytes: int = 0
+    log_verbose: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def endpoint(self, port: int) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"{host}:{port}"
+
+    @property
+    def http_url(self) -> str:
+        return self.endpoint(self.http_port)
+
+    @property
+    def grpc_url(self) -> str:
+        return self.endpoint(self.grpc_port)
+
+    @property
+    def metrics_url(self) -> str:
+        return self.endpoint(self.metrics_port)
+
+
+class TritonServer:
+    """One tritonserver process (and its process group)."""
+
+    def __init__(self, options: ServerOptions, install: ServerInstall | None = None) -> None:
+        self.options = options
+        self.install = install or find_install()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_handle: object | None = None
+        key = options.admin_key or os.environ.get(RESTRICTED_API_KEY_ENV)
+        if key is None and options.restrict_admin:
+            key = os.urandom(16).hex()
+        self.admin_key = key
+
+    @property
+    def log_file(self) -> Path:
+        if self.options.log_file is not None:
+            return self.options.log_file
+        return cache_dir() / "logs" / f"tritonserver-{self.options.http_port}.log"
+
+    def command(self) -> list[str]:
+        o = self.options
+        cmd = [
+            str(self.install.binary),
+            f"--model-repository={o.repository}",
+            f"--backend-directory={self.install.backend_dir}",
+            f"--http-address={o.host}",
+            f"--http-port={o.http_port}",
+            f"--grpc-address={o.host}",
+            f"--grpc-port={o.grpc_port}",
+            f"--metrics-address={o.host}",
+            f"--metrics-port={o.metrics_port}",
+            "--disable-auto-complete-config",
+            "--strict-readiness=true",
+            "--exit-timeout-secs=20",
+            f"--log-verbose={o.log_verbose}",
+        ]
+        if self.install.cache_dir is not None:
+            cmd.append(f"--cache-directory={self.install.cache_dir}")
+        if o.response_cache_bytes > 0:
+            cmd.append(f"--cache-config=local,size={o.response_cache_bytes}")
+        if o.restrict_admin and self.admin_key:
+            groups = ",".join(RESTRICTED_GROUPS)
+            cmd.append(f"--http-restricted-api={groups}:{RESTRICTED_HEADER}={self.admin_key}")
+            cmd.append(f"--grpc-restricted-protocol={groups}:{RESTRICTED_HEADER}={self.admin_key}")
+        cmd.extend(o.extra_args)
+        return cmd
+
+    def start(self) -> None:
+        if self.process is not None:
+            raise ServerError("server already started")
+        for port in (self.options.http_port, self.options.grpc_port, self.options.metrics_port):
+            if _port_in_use(self.options.host, port):
+                raise ServerError(
+                    f"port {port} on {self.options.host} is already in use; pick another with "
+                    "--http-port/--grpc-port/--metrics-port or stop what uses it"
+                )
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_handle = log
+        env = server_environment(self.install, self.options.env)
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"http://{self.options.http_url}/v2/health/ready", timeout=2
+            ) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout: float = 300.0, on_tick: Callable[[float], None] | None = None) -> float:
+        """Block until ready; return seconds waited. Raises ServerError with the log tail."""
+        start = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - start
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise ServerError(f"tritonserver exited (code {code}) before it was ready.\n{self.log_tail()}")
+            if self.is_ready():
+                return elapsed
+            if elapsed > timeout:
+                raise ServerError(f"tritonserver not ready after {timeout:.0f} s.\n{self.log_tail()}")
+            if on_tick:
+                on_tick(elapsed)
+            time.sleep(0.25)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM the process group, then SIGKILL what is left; return the exit code."""
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        # Stubs and engine workers share the group; make sure none outlives the server.
+        _signal_group(proc.pid, signal.SIGKILL)
+        if self._log_handle is not None:
+            with contextlib.suppress(Exception):
+                self._log_handle.close()  # type: ignore[attr-defined]
+        self.process = None
+        return proc.returncode
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def running(options: ServerOptions, timeout: float = 300.0) -> Iterator[TritonServer]:
+    server = TritonServer(options)
+    server.start()
+    try:
+        server.wait_ready(timeout)
+        yield server
+    finally:
+        server.stop()
