@@ -44,7 +44,7 @@ def translate(exc: grpc.RpcError) -> TritonForgeError:
     code = exc.code() if isinstance(exc, grpc.Call) else None
     details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
     if code == grpc.StatusCode.UNAVAILABLE:
-        return ServerUnavailable(f"server unavailable: {details}")
+        return ServerUnavailable(details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Timeout(f"request timed out: {details}")
     if code == grpc.StatusCode.CANCELLED:

@@ -35,7 +35,7 @@ def translate(exc: Exception) -> TritonForgeError:
     if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
         return Timeout(f"request timed out: {exc or type(exc).__name__}")
     if isinstance(exc, (httpx.TransportError, httpx.StreamClosed)):
-        return ServerUnavailable(f"server unavailable: {exc or type(exc).__name__}")
+        return ServerUnavailable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     if isinstance(exc, SSEError):
         return ProtocolError(f"not an SSE stream: {exc}")
     return ProtocolError(f"HTTP error: {exc}")
