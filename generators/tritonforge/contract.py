@@ -356,6 +356,7 @@ class Param(str, enum.Enum):
     ENGINE_ARGS = "tritonforge_engine_args"  # JSON of vLLM AsyncEngineArgs
     SKIP_SPECIAL_TOKENS = "tritonforge_skip_special_tokens"  # "true" | "false"
     TARGET_MODEL = "tritonforge_target_model"  # BLS / sync model: the model it calls
+    ENGINE_ENV = "tritonforge_engine_env"  # JSON {VAR: value} set before importing the engine
 
 
 def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:

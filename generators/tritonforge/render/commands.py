@@ -1,0 +1,157 @@
+"""TensorRT-LLM engine build and server launch commands for a spec.
+
+They cannot run on a machine without a GPU, so they are built here as data (tested for
+their construction) and laid out by the ``build_engine.sh`` / ``launch.sh`` templates.
+A command is a list of lines; a line is a list of :class:`Word`. A word is either trusted
+literal shell text written by tritonforge (``raw``) or a value the template shell-quotes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from tritonforge.contract import MODEL_TENSORRT_LLM
+from tritonforge.spec.model import Spec
+
+__all__ = ["Word", "Line", "Command", "build_commands", "launch_commands", "world_size",
+           "QFORMAT", "HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "summary", "argv",
+           "checkpoint_dir"]
+
+HTTP_PORT: Final = 8000
+GRPC_PORT: Final = 8001
+METRICS_PORT: Final = 8002
+RESPONSE_CACHE_BYTES: Final = 256 * 1024 * 1024
+
+# spec.quantization -> TensorRT-LLM quantize.py --qformat
+QFORMAT: Final[dict[str, str]] = {
+    "none": "full_prec", "fp8": "fp8", "int8": "int8_wo", "int4_awq": "int4_awq",
+}
+_SPEC_MODE: Final = {"medusa": "medusa", "eagle": "eagle", "lookahead": "lookahead_decoding"}
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str
+    raw: bool = False
+
+
+Line = list[Word]
+Command = list[Line]
+
+
+def _opt(name: str, value: object | None = None) -> Line:
+    return [Word(name)] + ([] if value is None else [Word(str(value))])
+
+
+def _raw(*values: str) -> Line:
+    return [Word(v, raw=True) for v in values]
+
+
+def argv(command: Command) -> list[str]:
+    """The command's words as the shell would pass them (raw words unquoted as written)."""
+    return [w.text for line in command for w in line]
+
+
+def world_size(spec: Spec) -> int:
+    return spec.parallelism.tensor_parallel_size * spec.parallelism.pipeline_parallel_size
+
+
+def summary(spec: Spec) -> str:
+    p = spec.parallelism
+    return (f"quantization {spec.quantization}, tensor parallel {p.tensor_parallel_size}, "
+            f"pipeline parallel {p.pipeline_parallel_size}")
+
+
+def checkpoint_dir(spec: Spec) -> str:
+    t = spec.tensorrtllm
+    if t.checkpoint_dir is not None:
+        return t.checkpoint_dir
+    assert t.engine_dir is not None
+    return t.engine_dir.rstrip("/") + "-checkpoint"
+
+
+def build_commands(spec: Spec) -> list[Command]:
+    """Checkpoint conversion/quantization, then ``trtllm-build``."""
+    t, p, kv, bt = spec.tensorrtllm, spec.parallelism, spec.kv_cache, spec.batching
+    assert t.engine_dir is not None
+    ckpt = checkpoint_dir(spec)
+    sp = spec.speculative
+    convert: Command
+    if sp.method in ("medusa", "eagle"):
+        assert sp.draft_model is not None
+        convert = [_raw("python3", f'"$TRTLLM_EXAMPLES/{sp.method}/convert_checkpoint.py"'),
+                   _opt("--model_dir", spec.model.path),
+                   _opt(f"--{sp.method}_model_dir", sp.draft_model),
+                   _opt("--output_dir", ckpt),
+                   _opt("--dtype", "float16" if spec.model.dtype == "auto" else spec.model.dtype),
+                   _opt("--tp_size", p.tensor_parallel_size),
+                   _opt("--pp_size", p.pipeline_parallel_size)]
+        if sp.method == "medusa":
+            convert.append(_opt("--num_medusa_heads", sp.num_speculative_tokens))
+    else:
+        convert = [_raw("python3", '"$TRTLLM_EXAMPLES/quantization/quantize.py"'),
+                   _opt("--model_dir", spec.model.path),
+                   _opt("--dtype", spec.model.dtype),
+                   _opt("--qformat", QFORMAT[spec.quantization]),
+                   _opt("--output_dir", ckpt),
+                   _opt("--tp_size", p.tensor_parallel_size),
+                   _opt("--pp_size", p.pipeline_parallel_size)]
+        if kv.dtype != "auto":
+            convert.append(_opt("--kv_cache_dtype", kv.dtype))
+    build: Command = [
+        _raw("trtllm-build"),
+        _opt("--checkpoint_dir", ckpt),
+        _opt("--output_dir", t.engine_dir),
+        _opt("--gemm_plugin", "auto"),
+        _opt("--max_batch_size", bt.max_batch_size),
+        _opt("--max_input_len", spec.model.max_model_len),
+        _opt("--max_seq_len", spec.model.max_model_len),
+        _opt("--max_beam_width", t.max_beam_width),
+    ]
+    if bt.max_num_batched_tokens is not None:
+        build.append(_opt("--max_num_tokens", bt.max_num_batched_tokens))
+    if bt.chunked_prefill or kv.prefix_caching:
+        build.append(_opt("--use_paged_context_fmha", "enable"))
+    if spec.lora.enabled:
+        build.append(_opt("--lora_plugin", "auto"))
+        build.append(_opt("--max_lora_rank", spec.lora.max_rank))
+        if spec.lora.adapters:
+            build.append([Word("--lora_dir")] + [Word(spec.lora.adapters[n])
+                                                 for n in sorted(spec.lora.adapters)])
+    if sp.method != "none":
+        build.append(_opt("--speculative_decoding_mode", _SPEC_MODE[sp.method]))
+        build.append(_opt("--max_draft_len", sp.num_speculative_tokens))
+    return [convert, build]
+
+
+def _server_lines(spec: Spec, rank: int) -> Command:
+    lines: Command = [
+        _raw('--model-repository="$REPO"'),
+        _opt("--disable-auto-complete-config"),
+        _opt(f"--backend-config=python,shm-region-prefix-name=rank{rank}_"),
+    ]
+    if rank == 0:
+        lines += [_opt(f"--http-port={HTTP_PORT}"), _opt(f"--grpc-port={GRPC_PORT}"),
+                  _opt(f"--metrics-port={METRICS_PORT}")]
+        if spec.response_cache:
+            lines.append(_opt(f"--cache-config=local,size={RESPONSE_CACHE_BYTES}"))
+        lines.append(_raw('"$@"'))
+    else:
+        lines += [_opt("--model-control-mode=explicit"),
+                  _opt(f"--load-model={MODEL_TENSORRT_LLM}"),
+                  _opt("--allow-http=false"), _opt("--allow-grpc=false"),
+                  _opt("--allow-metrics=false")]
+    return lines
+
+
+def launch_commands(spec: Spec) -> list[Command]:
+    """``tritonserver`` for one rank, or ``mpirun`` with one tritonserver per rank."""
+    world = world_size(spec)
+    if world == 1:
+        return [[_raw("exec", "tritonserver")] + _server_lines(spec, 0)]
+    cmd: Command = [_raw("exec", "mpirun", "--allow-run-as-root")]
+    for rank in range(world):
+        cmd.append(_raw(*((":",) if rank else ()), "-n", "1", "tritonserver"))
+        cmd += _server_lines(spec, rank)
+    return [cmd]

@@ -1,0 +1,351 @@
+"""The pydantic v2 schema of a deployment spec.
+
+Every field has a docstring (the single source for ``docs/generator.md``) and a default, so
+a minimal spec is a handful of lines. Types and ranges are checked here; rules that relate
+fields to each other (backend x quantization, streaming x instances, ...) live in
+``tritonforge.spec.rules`` so they are all in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tritonforge.contract import LIMITS, SamplingDefaults
+
+__all__ = [
+    "Backend",
+    "Batching",
+    "BatchingStrategy",
+    "Device",
+    "EngineModel",
+    "Instances",
+    "KvCache",
+    "KvCacheDtype",
+    "Limits",
+    "Lora",
+    "ModelDtype",
+    "ModelSection",
+    "Parallelism",
+    "Quantization",
+    "SamplingSection",
+    "SchedulerPolicy",
+    "Spec",
+    "Speculative",
+    "SpeculativeMethod",
+    "TensorRTLLMSection",
+    "VllmSection",
+    "PACKAGED_MODEL",
+]
+
+Backend = Literal["vllm", "tensorrtllm"]
+Device = Literal["auto", "cpu", "gpu"]
+BatchingStrategy = Literal["inflight_fused_batching", "inflight_batching", "V1"]
+SchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
+Quantization = Literal["none", "fp8", "int8", "int4_awq", "awq", "gptq", "gguf"]
+KvCacheDtype = Literal["auto", "fp8", "int8"]
+ModelDtype = Literal["auto", "float16", "bfloat16", "float32"]
+SpeculativeMethod = Literal["none", "draft_model", "ngram", "eagle", "medusa", "lookahead"]
+EngineModel = Literal["tritonforge", "stock"]
+ChatTemplate = Literal["messages", "always"]
+
+PACKAGED_MODEL = "package:smollm2-135m-instruct"
+_SD = SamplingDefaults()
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", strict=True, use_attribute_docstrings=True, validate_default=True
+    )
+
+
+class ModelSection(_Section):
+    """Which model to serve and how to tokenize it."""
+
+    path: str = Field(default=PACKAGED_MODEL, min_length=1)
+    """Model reference: ``package:smollm2-135m-instruct`` (the packaged default model), a
+    Hugging Face model folder, or a ``.gguf`` file (with ``quantization: gguf``)."""
+
+    tokenizer: str | None = Field(default=None, min_length=1)
+    """Tokenizer folder or reference; defaults to ``model.path``."""
+
+    chat_template: ChatTemplate = "messages"
+    """``messages``: apply the model's chat template to the ``messages`` input only;
+    ``always``: also wrap a plain ``text_input`` as one user message."""
+
+    max_model_len: int = Field(default=4096, ge=16, le=1_048_576)
+    """Context length in tokens (prompt + generated)."""
+
+    skip_special_tokens: bool = True
+    """Drop special tokens (EOS, chat markers) from the generated text."""
+
+    dtype: ModelDtype = "auto"
+    """Weight/activation dtype: ``auto`` (the checkpoint's), ``float16``, ``bfloat16``,
+    ``float32``."""
+
+
+class Batching(_Section):
+    """Batching and scheduling of the engine."""
+
+    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    """``max_batch_size`` of every model in the repository (and of a TensorRT-LLM engine
+    build)."""
+
+    strategy: BatchingStrategy = "inflight_fused_batching"
+    """TensorRT-LLM only: ``gpt_model_type``/batching strategy."""
+
+    scheduler_policy: SchedulerPolicy = "guaranteed_no_evict"
+    """TensorRT-LLM only: ``batch_scheduler_policy``."""
+
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000)
+    """Dynamic-batching queue delay of the engine model."""
+
+    max_queue_size: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Engine queue bound: requests beyond it are rejected (unset: unbounded)."""
+
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65_536)
+    """vLLM only: sequences scheduled concurrently (default: ``max_batch_size``)."""
+
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Tokens per engine step (vLLM ``max_num_batched_tokens``, TensorRT-LLM build
+    ``--max_num_tokens``)."""
+
+    chunked_prefill: bool = False
+    """Split long prompts into chunks (vLLM ``enable_chunked_prefill``, TensorRT-LLM
+    ``enable_chunked_context``)."""
+
+
+class KvCache(_Section):
+    """The KV cache."""
+
+    gpu_memory_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
+    """GPU memory fraction: vLLM ``gpu_memory_utilization`` (of all memory), TensorRT-LLM
+    ``kv_cache_free_gpu_mem_fraction`` (of memory free after loading weights)."""
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    """TensorRT-LLM only: ``max_tokens_in_paged_kv_cache``."""
+
+    prefix_caching: bool = False
+    """Reuse KV blocks of shared prompt prefixes (``enable_prefix_caching`` /
+    ``enable_kv_cache_reuse``)."""
+
+    sliding_window: int | None = Field(default=None, ge=1)
+    """TensorRT-LLM only: ``max_attention_window_size`` in tokens."""
+
+    sink_tokens: int | None = Field(default=None, ge=0)
+    """TensorRT-LLM only: ``sink_token_length``."""
+
+    dtype: KvCacheDtype = "auto"
+    """KV cache dtype: ``auto``, ``fp8`` (both backends), ``int8`` (TensorRT-LLM)."""
+
+    host_offload_bytes: int | None = Field(default=None, ge=0)
+    """TensorRT-LLM only: ``kv_cache_host_memory_bytes`` (host memory for offloaded
+    blocks)."""
+
+    cpu_space_gib: float | None = Field(default=None, gt=0.0, le=4096.0)
+    """vLLM on CPU: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``; unset: 4)."""
+
+
+class Parallelism(_Section):
+    """Model parallelism."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Tensor-parallel degree."""
+
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Pipeline-parallel degree."""
+
+    gpu_device_ids: list[int] | None = None
+    """GPUs to use, one per rank (``tensor_parallel_size * pipeline_parallel_size``)."""
+
+
+class Speculative(_Section):
+    """Speculative decoding."""
+
+    method: SpeculativeMethod = "none"
+    """``none``; vLLM: ``draft_model``, ``ngram``, ``eagle``, ``medusa``; TensorRT-LLM:
+    ``medusa``, ``eagle``, ``lookahead``."""
+
+    draft_model: str | None = Field(default=None, min_length=1)
+    """Draft model / speculative heads folder (``draft_model``, ``eagle``, ``medusa``)."""
+
+    num_speculative_tokens: int = Field(default=4, ge=1, le=64)
+    """Tokens proposed per step (TensorRT-LLM: ``--max_draft_len``)."""
+
+
+class Lora(_Section):
+    """LoRA adapters."""
+
+    enabled: bool = False
+    """Serve LoRA adapters (requests pick one with the ``lora_name`` input)."""
+
+    max_adapters: int = Field(default=4, ge=1, le=1024)
+    """Adapters resident at once (vLLM ``max_loras``)."""
+
+    max_rank: int = Field(default=16, ge=1, le=512)
+    """Largest adapter rank (vLLM ``max_lora_rank``, TensorRT-LLM ``--max_lora_rank``)."""
+
+    adapters: dict[str, str] = Field(default_factory=dict)
+    """Adapters by name: ``{name: folder}``. Ids are assigned 1.. in name order."""
+
+
+class Instances(_Section):
+    """Instances and batching of the Python pre/post-processing models."""
+
+    preprocessing: int = Field(default=1, ge=1, le=256)
+    """Preprocessing (tokenizer) instances."""
+
+    postprocessing: int = Field(default=1, ge=1, le=256)
+    """Postprocessing (detokenizer) instances; must be 1 when streaming (it keeps each
+    stream's incremental detokenizer state in memory)."""
+
+    bls: int = Field(default=0, ge=0, le=256)
+    """Instances of the optional BLS model ``tensorrt_llm_bls``; 0 leaves it out."""
+
+    sync: int = Field(default=4, ge=1, le=256)
+    """Instances of ``<name>_sync`` (each waits on one request's full generation)."""
+
+    dynamic_batching: bool = True
+    """Enable dynamic batching on the pre/post-processing models."""
+
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000)
+    """Dynamic-batching queue delay of the pre/post-processing models."""
+
+
+class SamplingSection(_Section):
+    """Defaults applied when a request omits a sampling input."""
+
+    max_tokens: int = _SD.max_tokens
+    """Tokens to generate."""
+    temperature: float = _SD.temperature
+    """Sampling temperature; 0 is greedy."""
+    top_p: float = _SD.top_p
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = _SD.top_k
+    """Top-k; 0 disables."""
+    min_tokens: int = _SD.min_tokens
+    """Tokens before EOS is allowed."""
+    repetition_penalty: float = _SD.repetition_penalty
+    """Multiplicative repetition penalty; 1 disables."""
+    presence_penalty: float = _SD.presence_penalty
+    """Additive presence penalty."""
+    frequency_penalty: float = _SD.frequency_penalty
+    """Additive frequency penalty."""
+    length_penalty: float = _SD.length_penalty
+    """Beam-search length penalty."""
+    beam_width: int = _SD.beam_width
+    """Beam width; 1 disables beam search."""
+    stream: bool | None = None
+    """Stream by default (unset: the value of ``streaming``)."""
+    exclude_input_in_output: bool = _SD.exclude_input_in_output
+    """Do not echo the prompt."""
+    stop_words: list[str] = Field(default_factory=list)
+    """Words that end generation when the request gives none."""
+
+
+class Limits(_Section):
+    """Server-side request limits."""
+
+    max_prompt_bytes: int = Field(default=LIMITS.max_prompt_bytes, ge=1,
+                                  le=LIMITS.max_prompt_bytes)
+    """Largest prompt (``text_input`` or ``messages``) in UTF-8 bytes."""
+
+
+class VllmSection(_Section):
+    """Options of the vLLM backend (``backend: vllm`` only)."""
+
+    engine_model: EngineModel = "tritonforge"
+    """``tritonforge``: preprocessing -> tritonforge's vLLM engine model -> postprocessing
+    in an ensemble; ``stock``: one model for Triton's own vLLM backend (``model.json``)."""
+
+    enforce_eager: bool = False
+    """Skip graph capture/compilation (faster start, slower steps)."""
+
+    seed: int | None = Field(default=None, ge=0)
+    """Engine random seed."""
+
+    engine_args: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    """Extra ``AsyncEngineArgs`` keyword arguments, for options the spec does not cover."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables set before vLLM is imported."""
+
+
+class TensorRTLLMSection(_Section):
+    """Options of the TensorRT-LLM backend (``backend: tensorrtllm`` only)."""
+
+    engine_dir: str | None = Field(default=None, min_length=1)
+    """Folder of the built engine (required with ``backend: tensorrtllm``)."""
+
+    checkpoint_dir: str | None = Field(default=None, min_length=1)
+    """Where ``build_engine.sh`` writes the converted checkpoint (unset:
+    ``<engine_dir>-checkpoint``)."""
+
+    max_beam_width: int = Field(default=1, ge=1, le=64)
+    """Largest beam width the engine is built and run with."""
+
+    parameters: dict[str, str] = Field(default_factory=dict)
+    """Extra backend parameters by their documented names (e.g. ``gpu_weights_percent``),
+    for knobs the spec does not cover."""
+
+
+class Spec(_Section):
+    """A tritonforge deployment."""
+
+    name: str
+    """Served model name (the ensemble). Letters, digits, ``_``, ``-``, ``.`` (not first)."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    """The model."""
+
+    backend: Backend = "vllm"
+    """Engine: ``vllm`` or ``tensorrtllm``."""
+
+    device: Device = "auto"
+    """``cpu``, ``gpu`` or ``auto`` (GPU for TensorRT-LLM; vLLM picks its platform)."""
+
+    batching: Batching = Field(default_factory=Batching)
+    """Batching and scheduling."""
+
+    kv_cache: KvCache = Field(default_factory=KvCache)
+    """KV cache."""
+
+    quantization: Quantization = "none"
+    """Quantization: ``none``; TensorRT-LLM: ``fp8``, ``int8`` (weight-only), ``int4_awq``;
+    vLLM: ``fp8``, ``awq``, ``gptq``, ``gguf``."""
+
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    """Tensor / pipeline parallelism."""
+
+    speculative: Speculative = Field(default_factory=Speculative)
+    """Speculative decoding."""
+
+    lora: Lora = Field(default_factory=Lora)
+    """LoRA adapters."""
+
+    instances: Instances = Field(default_factory=Instances)
+    """Pre/post-processing instances."""
+
+    streaming: bool = True
+    """Decoupled (streaming) engine and ensemble."""
+
+    non_streaming_model: bool = True
+    """With streaming on, also render ``<name>_sync``: a non-decoupled model for HTTP
+    ``/generate`` and gRPC ModelInfer."""
+
+    response_cache: bool = False
+    """Enable Triton's response cache on the non-streaming path (``<name>_sync``, or the
+    ensemble when streaming is off). Start tritonserver with ``--cache-config``."""
+
+    defaults: SamplingSection = Field(default_factory=SamplingSection)
+    """Sampling defaults."""
+
+    limits: Limits = Field(default_factory=Limits)
+    """Request limits."""
+
+    vllm: VllmSection = Field(default_factory=VllmSection)
+    """vLLM options."""
+
+    tensorrtllm: TensorRTLLMSection = Field(default_factory=TensorRTLLMSection)
+    """TensorRT-LLM options."""

@@ -1,0 +1,328 @@
+"""Every rule that relates spec fields to each other, in one place.
+
+``check_spec`` returns one message per problem; each names the field path, what is allowed,
+the value received and the fix. Types and single-field ranges are checked by the pydantic
+schema before these rules run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from pydantic import BaseModel
+
+from tritonforge.contract import (
+    LIMITS,
+    MODEL_BLS,
+    MODEL_POSTPROCESSING,
+    MODEL_PREPROCESSING,
+    MODEL_TENSORRT_LLM,
+    MODEL_VLLM_ENGINE,
+    check_sampling,
+)
+from tritonforge.render.trtllm_params import TRTLLM_PARAMETERS
+from tritonforge.spec.model import PACKAGED_MODEL, Spec
+
+__all__ = [
+    "check_spec",
+    "name_problem",
+    "QUANTIZATION_BY_BACKEND",
+    "SPECULATIVE_BY_BACKEND",
+    "TRTLLM_DERIVED_PARAMETERS",
+    "VLLM_DERIVED_ENGINE_ARGS",
+    "RESERVED_MODEL_NAMES",
+]
+
+QUANTIZATION_BY_BACKEND: Final[dict[str, tuple[str, ...]]] = {
+    "vllm": ("none", "fp8", "awq", "gptq", "gguf"),
+    "tensorrtllm": ("none", "fp8", "int8", "int4_awq"),
+}
+SPECULATIVE_BY_BACKEND: Final[dict[str, tuple[str, ...]]] = {
+    "vllm": ("none", "draft_model", "ngram", "eagle", "medusa"),
+    "tensorrtllm": ("none", "medusa", "eagle", "lookahead"),
+}
+KV_DTYPE_BY_BACKEND: Final[dict[str, tuple[str, ...]]] = {
+    "vllm": ("auto", "fp8"),
+    "tensorrtllm": ("auto", "fp8", "int8"),
+}
+# Backend parameters the spec sets from its own fields: the field to use instead.
+TRTLLM_DERIVED_PARAMETERS: Final[dict[str, str]] = {
+    "gpt_model_type": "batching.strategy",
+    "batching_strategy": "batching.strategy",
+    "engine_dir": "tensorrtllm.engine_dir",
+    "max_beam_width": "tensorrtllm.max_beam_width",
+    "batch_scheduler_policy": "batching.scheduler_policy",
+    "enable_chunked_context": "batching.chunked_prefill",
+    "kv_cache_free_gpu_mem_fraction": "kv_cache.gpu_memory_fraction",
+    "max_tokens_in_paged_kv_cache": "kv_cache.max_tokens",
+    "enable_kv_cache_reuse": "kv_cache.prefix_caching",
+    "max_attention_window_size": "kv_cache.sliding_window",
+    "sink_token_length": "kv_cache.sink_tokens",
+    "kv_cache_host_memory_bytes": "kv_cache.host_offload_bytes",
+    "gpu_device_ids": "parallelism.gpu_device_ids",
+    "decoding_mode": "speculative.method",
+    "exclude_input_in_output": "defaults.exclude_input_in_output",
+    "FORCE_CPU_ONLY_INPUT_TENSORS": "(always 'no')",
+}
+VLLM_DERIVED_ENGINE_ARGS: Final[dict[str, str]] = {
+    "model": "model.path",
+    "tokenizer": "model.tokenizer",
+    "max_model_len": "model.max_model_len",
+    "dtype": "model.dtype",
+    "max_num_seqs": "batching.max_num_seqs",
+    "max_num_batched_tokens": "batching.max_num_batched_tokens",
+    "enable_chunked_prefill": "batching.chunked_prefill",
+    "enable_prefix_caching": "kv_cache.prefix_caching",
+    "gpu_memory_utilization": "kv_cache.gpu_memory_fraction",
+    "kv_cache_dtype": "kv_cache.dtype",
+    "quantization": "quantization",
+    "tensor_parallel_size": "parallelism.tensor_parallel_size",
+    "pipeline_parallel_size": "parallelism.pipeline_parallel_size",
+    "speculative_config": "speculative",
+    "enable_lora": "lora.enabled",
+    "max_loras": "lora.max_adapters",
+    "max_lora_rank": "lora.max_rank",
+    "enforce_eager": "vllm.enforce_eager",
+    "seed": "vllm.seed",
+}
+RESERVED_MODEL_NAMES: Final = (
+    MODEL_PREPROCESSING, MODEL_POSTPROCESSING, MODEL_TENSORRT_LLM, MODEL_VLLM_ENGINE, MODEL_BLS,
+)
+
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_ARG_RE: Final = re.compile(r"[a-z_][a-z0-9_]*")
+_ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
+_TRTLLM_ONLY: Final = (
+    ("batching", "strategy"), ("batching", "scheduler_policy"), ("kv_cache", "max_tokens"),
+    ("kv_cache", "sliding_window"), ("kv_cache", "sink_tokens"),
+    ("kv_cache", "host_offload_bytes"),
+)
+_VLLM_ONLY: Final = (("batching", "max_num_seqs"), ("kv_cache", "cpu_space_gib"))
+
+
+def name_problem(value: str, what: str = "a model name") -> str | None:
+    """Why ``value`` is not a safe Triton model/adapter name, or None when it is."""
+    bad = [
+        (lambda v: "/" in v or "\\" in v, "a path separator"),
+        (lambda v: "'" in v or '"' in v or "`" in v, "a quote"),
+        (lambda v: "\n" in v or "\r" in v, "a newline"),
+        (lambda v: "${" in v, "a '${' placeholder"),
+        (lambda v: "{{" in v or "{%" in v, "a template marker"),
+        (lambda v: "{" in v or "}" in v, "a brace"),
+        (lambda v: ".." in v, "'..'"),
+        (lambda v: v.startswith("."), "a leading '.'"),
+        (lambda v: any(c.isspace() for c in v), "whitespace"),
+    ]
+    for test, label in bad:
+        if test(value):
+            return (f"{what} must not contain {label}; allowed: letters, digits, '_', '-', '.' "
+                    f"(not first), 1-64 characters; got {value!r}. Fix: e.g. 'smollm2'")
+    if not _NAME_RE.fullmatch(value):
+        return (f"{what} may use only letters, digits, '_', '-', '.' (not first), 1-64 "
+                f"characters; got {value!r}. Fix: e.g. 'smollm2'")
+    return None
+
+
+def _set(section: BaseModel, field: str) -> bool:
+    return field in section.model_fields_set
+
+
+def _walk_strings(value: Any, path: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if isinstance(value, str):
+        out.append((path, value))
+    elif isinstance(value, BaseModel):
+        for key in type(value).model_fields:
+            out += _walk_strings(getattr(value, key), f"{path}.{key}" if path else key)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            out += _walk_strings(k, f"{path} (key)")
+            out += _walk_strings(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _walk_strings(v, f"{path}[{i}]")
+    return out
+
+
+def check_spec(spec: Spec) -> list[str]:  # noqa: C901 - one flat list of rules by design
+    """Return one message per problem of ``spec`` (empty when it is valid)."""
+    p: list[str] = []
+    b = spec.backend
+    stock = b == "vllm" and spec.vllm.engine_model == "stock"
+
+    for path, s in _walk_strings(spec, ""):
+        if "\x00" in s:
+            p.append(f"{path}: must not contain a NUL character; got {s!r}. Fix: remove it")
+
+    if (msg := name_problem(spec.name, "the served model name")) is not None:
+        p.append(f"name: {msg}")
+    elif spec.name in RESERVED_MODEL_NAMES:
+        p.append(f"name: {spec.name!r} is the name of a model inside the repository; "
+                 f"reserved: {', '.join(RESERVED_MODEL_NAMES)}. Fix: choose another name")
+
+    if b == "tensorrtllm" and spec.device == "cpu":
+        p.append("device: backend tensorrtllm needs a GPU; allowed: gpu, auto; got 'cpu'. "
+                 "Fix: use backend: vllm for CPU serving")
+
+    allowed_q = QUANTIZATION_BY_BACKEND[b]
+    if spec.quantization not in allowed_q:
+        p.append(f"quantization: backend {b} supports {', '.join(allowed_q)}; got "
+                 f"{spec.quantization!r}. Fix: pick one of those or change backend")
+    is_gguf_path = spec.model.path.lower().endswith(".gguf")
+    if spec.quantization == "gguf" and not is_gguf_path:
+        p.append(f"model.path: quantization gguf needs a .gguf file; got {spec.model.path!r}. "
+                 "Fix: point model.path at the .gguf file")
+    if is_gguf_path and spec.quantization != "gguf":
+        p.append(f"quantization: model.path is a .gguf file, so quantization must be 'gguf'; "
+                 f"got {spec.quantization!r}. Fix: set quantization: gguf")
+
+    if spec.kv_cache.dtype not in KV_DTYPE_BY_BACKEND[b]:
+        p.append(f"kv_cache.dtype: backend {b} supports {', '.join(KV_DTYPE_BY_BACKEND[b])}; "
+                 f"got {spec.kv_cache.dtype!r}. Fix: use one of those")
+
+    for section, field in _TRTLLM_ONLY:
+        if b != "tensorrtllm" and _set(getattr(spec, section), field):
+            p.append(f"{section}.{field}: applies to backend tensorrtllm only; got it with "
+                     f"backend {b}. Fix: remove it")
+    for section, field in _VLLM_ONLY:
+        if b != "vllm" and _set(getattr(spec, section), field):
+            p.append(f"{section}.{field}: applies to backend vllm only; got it with backend "
+                     f"{b}. Fix: remove it (tensorrtllm batches up to batching.max_batch_size)")
+    if b != "tensorrtllm" and "tensorrtllm" in spec.model_fields_set:
+        p.append("tensorrtllm: this section applies to backend tensorrtllm only; got it with "
+                 "backend vllm. Fix: remove it or set backend: tensorrtllm")
+    if b != "vllm" and "vllm" in spec.model_fields_set:
+        p.append("vllm: this section applies to backend vllm only; got it with backend "
+                 "tensorrtllm. Fix: remove it or set backend: vllm")
+
+    if b == "tensorrtllm":
+        if spec.tensorrtllm.engine_dir is None:
+            p.append("tensorrtllm.engine_dir: required with backend tensorrtllm; got nothing. "
+                     "Fix: set it to the folder of the built engine (see build_engine.sh)")
+        if spec.model.path.startswith("package:"):
+            p.append(f"model.path: TensorRT-LLM builds its engine from a Hugging Face folder; "
+                     f"got {spec.model.path!r}. Fix: give the model folder")
+        for key, value in sorted(spec.tensorrtllm.parameters.items()):
+            if key not in TRTLLM_PARAMETERS:
+                p.append(f"tensorrtllm.parameters.{key}: not a documented TensorRT-LLM backend "
+                         f"parameter; allowed: {', '.join(sorted(TRTLLM_PARAMETERS))}. "
+                         "Fix: check the spelling")
+            elif key in TRTLLM_DERIVED_PARAMETERS:
+                p.append(f"tensorrtllm.parameters.{key}: set by the spec field "
+                         f"{TRTLLM_DERIVED_PARAMETERS[key]}; got {value!r}. Fix: use that field")
+            if value.startswith("${") or value == "":
+                p.append(f"tensorrtllm.parameters.{key}: needs a value; got {value!r} "
+                         "(the backend treats it as unset). Fix: give a value or remove the key")
+
+    par = spec.parallelism
+    world = par.tensor_parallel_size * par.pipeline_parallel_size
+    if par.gpu_device_ids is not None:
+        ids = par.gpu_device_ids
+        if len(ids) != world:
+            p.append(f"parallelism.gpu_device_ids: needs one id per rank (tensor_parallel_size "
+                     f"x pipeline_parallel_size = {world}); got {ids}. Fix: list {world} ids")
+        if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
+            p.append(f"parallelism.gpu_device_ids: ids must be distinct and >= 0; got {ids}. "
+                     "Fix: remove duplicates")
+        if spec.device == "cpu":
+            p.append("parallelism.gpu_device_ids: device is cpu; got GPU ids. Fix: remove them")
+
+    sp = spec.speculative
+    allowed_s = SPECULATIVE_BY_BACKEND[b]
+    if sp.method not in allowed_s:
+        p.append(f"speculative.method: backend {b} supports {', '.join(allowed_s)}; got "
+                 f"{sp.method!r}. Fix: pick one of those")
+    if sp.method in ("draft_model", "eagle", "medusa") and sp.draft_model is None:
+        p.append(f"speculative.draft_model: method {sp.method} needs the draft model / heads "
+                 "folder; got nothing. Fix: set speculative.draft_model")
+    if sp.method in ("none", "ngram", "lookahead") and sp.draft_model is not None:
+        p.append(f"speculative.draft_model: not used by method {sp.method!r}; got "
+                 f"{sp.draft_model!r}. Fix: remove it or choose method draft_model/eagle/medusa")
+
+    lora = spec.lora
+    for adapter in sorted(lora.adapters):
+        if (msg := name_problem(adapter, "an adapter name")) is not None:
+            p.append(f"lora.adapters: {msg}")
+    if lora.adapters and not lora.enabled:
+        p.append("lora.enabled: adapters are listed but LoRA is off; got false. "
+                 "Fix: set lora.enabled: true")
+
+    inst = spec.instances
+    if spec.streaming and inst.postprocessing > 1 and not stock:
+        p.append(f"instances.postprocessing: must be 1 when streaming is on (postprocessing "
+                 f"keeps each stream's incremental detokenizer state in its own memory, so a "
+                 f"stream's responses must all reach the same instance); got "
+                 f"{inst.postprocessing}. Fix: set it to 1, or streaming: false")
+    if spec.response_cache and spec.streaming and not spec.non_streaming_model:
+        p.append("response_cache: needs a non-decoupled model, but streaming is on and "
+                 "non_streaming_model is false; got true. Fix: set non_streaming_model: true")
+
+    if stock:
+        if not spec.streaming:
+            p.append("streaming: Triton's vLLM backend is always decoupled; got false. Fix: "
+                     "set streaming: true or vllm.engine_model: tritonforge")
+        if spec.model.path.startswith("package:"):
+            p.append(f"model.path: Triton's vLLM backend reads model.json itself and cannot "
+                     f"resolve {spec.model.path!r}. Fix: give a Hugging Face folder or hub id, "
+                     "or use vllm.engine_model: tritonforge")
+        for field in ("env",):
+            if getattr(spec.vllm, field):
+                p.append("vllm.env: Triton's vLLM backend takes no environment from the "
+                         "repository; got a value. Fix: export the variables in the server's "
+                         "environment instead")
+        if spec.kv_cache.cpu_space_gib is not None:
+            p.append("kv_cache.cpu_space_gib: Triton's vLLM backend takes no environment from "
+                     "the repository; got a value. Fix: export VLLM_CPU_KVCACHE_SPACE in the "
+                     "server's environment instead")
+        if inst.bls:
+            p.append(f"instances.bls: the stock vLLM layout has no BLS model; got {inst.bls}. "
+                     "Fix: set 0 or vllm.engine_model: tritonforge")
+        if spec.response_cache:
+            p.append("response_cache: the stock vLLM model is decoupled and cannot be cached; "
+                     "got true. Fix: set false or use vllm.engine_model: tritonforge")
+        if "non_streaming_model" in spec.model_fields_set and spec.non_streaming_model:
+            p.append("non_streaming_model: not available with vllm.engine_model: stock; got "
+                     "true. Fix: remove it or use vllm.engine_model: tritonforge")
+    elif spec.model.path.startswith("package:") and spec.model.path != PACKAGED_MODEL:
+        p.append(f"model.path: the only packaged model is {PACKAGED_MODEL!r}; got "
+                 f"{spec.model.path!r}. Fix: use it or give a folder path")
+
+    d = spec.defaults
+    values = d.model_dump(exclude={"stream", "exclude_input_in_output"})
+    try:
+        check_sampling(values, LIMITS)
+    except ValueError as exc:
+        p.append(f"defaults.{exc}. Fix: change defaults")
+    if d.max_tokens >= spec.model.max_model_len:
+        p.append(f"defaults.max_tokens: must be below model.max_model_len "
+                 f"({spec.model.max_model_len}); got {d.max_tokens}. Fix: lower it")
+    if d.stream and not spec.streaming:
+        p.append("defaults.stream: streaming is off, so requests cannot stream by default; got "
+                 "true. Fix: remove it or set streaming: true")
+    if b == "tensorrtllm" and d.beam_width > spec.tensorrtllm.max_beam_width:
+        p.append(f"defaults.beam_width: must be <= tensorrtllm.max_beam_width "
+                 f"({spec.tensorrtllm.max_beam_width}); got {d.beam_width}. Fix: lower it")
+    if b == "vllm" and d.beam_width != 1:
+        p.append(f"defaults.beam_width: the vLLM engine does not beam-search; allowed: 1; got "
+                 f"{d.beam_width}. Fix: set 1")
+
+    bt = spec.batching
+    if (b == "vllm" and bt.max_num_batched_tokens is not None and not bt.chunked_prefill
+            and bt.max_num_batched_tokens < spec.model.max_model_len):
+        p.append(f"batching.max_num_batched_tokens: must be >= model.max_model_len "
+                 f"({spec.model.max_model_len}) unless batching.chunked_prefill is true; got "
+                 f"{bt.max_num_batched_tokens}. Fix: raise it or enable chunked_prefill")
+
+    for key, value in sorted(spec.vllm.engine_args.items()):
+        if not _ARG_RE.fullmatch(key):
+            p.append(f"vllm.engine_args: keys are AsyncEngineArgs names (lower_snake_case); "
+                     f"got {key!r}. Fix: check the spelling")
+        elif key in VLLM_DERIVED_ENGINE_ARGS:
+            p.append(f"vllm.engine_args.{key}: set by the spec field "
+                     f"{VLLM_DERIVED_ENGINE_ARGS[key]}; got {value!r}. Fix: use that field")
+    for key in sorted(spec.vllm.env):
+        if not _ENV_RE.fullmatch(key):
+            p.append(f"vllm.env: keys are environment variable names (UPPER_SNAKE_CASE); got "
+                     f"{key!r}. Fix: rename it")
+    return p
