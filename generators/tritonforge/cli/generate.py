@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["register", "generate", "validate"]
+__all__ = ["generate", "register", "validate"]
 
 
 def _console(stderr: bool = True):  # type: ignore[no-untyped-def]

@@ -14,9 +14,21 @@ from typing import Final
 from tritonforge.contract import MODEL_TENSORRT_LLM
 from tritonforge.spec.model import Spec
 
-__all__ = ["Word", "Line", "Command", "build_commands", "launch_commands", "world_size",
-           "QFORMAT", "HTTP_PORT", "GRPC_PORT", "METRICS_PORT", "summary", "argv",
-           "checkpoint_dir"]
+__all__ = [
+    "GRPC_PORT",
+    "HTTP_PORT",
+    "METRICS_PORT",
+    "QFORMAT",
+    "Command",
+    "Line",
+    "Word",
+    "argv",
+    "build_commands",
+    "checkpoint_dir",
+    "launch_commands",
+    "summary",
+    "world_size",
+]
 
 HTTP_PORT: Final = 8000
 GRPC_PORT: Final = 8001

@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Final
 
-__all__ = ["pbtxt_string", "json_text", "sh_quote", "MARKER_RE"]
+__all__ = ["MARKER_RE", "json_text", "pbtxt_string", "sh_quote"]
 
 # What an unfilled template placeholder looks like in a generated file.
 MARKER_RE: Final = re.compile(r"\$\{|\{\{|\{%|\{#")

@@ -14,16 +14,16 @@ from tritonforge.render.escape import json_text
 from tritonforge.spec.model import Spec
 
 __all__ = [
-    "TensorPlan",
-    "StepPlan",
+    "PYTHON_MODULES",
     "ModelPlan",
     "RepoPlan",
-    "plan_repository",
+    "StepPlan",
+    "TensorPlan",
     "engine_args",
     "engine_env",
     "lora_adapters",
+    "plan_repository",
     "sync_model_name",
-    "PYTHON_MODULES",
 ]
 
 PYTHON_MODULES: dict[str, str] = {

@@ -17,7 +17,7 @@ from tritonforge.render.escape import json_text, pbtxt_string, sh_quote
 from tritonforge.render.plan import ModelPlan, RepoPlan, plan_repository
 from tritonforge.spec.model import Spec
 
-__all__ = ["render_files", "render_plan", "MARKER_FILE", "EXECUTABLE_FILES"]
+__all__ = ["EXECUTABLE_FILES", "MARKER_FILE", "render_files", "render_plan"]
 
 MARKER_FILE: Final = ".tritonforge"
 EXECUTABLE_FILES: Final = frozenset({"build_engine.sh", "launch.sh"})
@@ -33,7 +33,7 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
         undefined=jinja2.StrictUndefined,
-        autoescape=False,  # noqa: S701 - not HTML; the filters below escape every value
+        autoescape=False,
         keep_trailing_newline=True,
         trim_blocks=False,
         lstrip_blocks=False,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["TRTLLM_PARAMETERS", "BATCHING_STRATEGIES", "DECODING_MODES"]
+__all__ = ["BATCHING_STRATEGIES", "DECODING_MODES", "TRTLLM_PARAMETERS"]
 
 TRTLLM_PARAMETERS: Final[frozenset[str]] = frozenset({
     "gpt_model_type",

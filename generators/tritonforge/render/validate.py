@@ -30,7 +30,7 @@ from tritonforge import contract as C
 from tritonforge.render.escape import MARKER_RE
 from tritonforge.render.trtllm_params import BATCHING_STRATEGIES, DECODING_MODES, TRTLLM_PARAMETERS
 
-__all__ = ["Problem", "validate_repository", "validate_files", "read_tree", "IGNORED_PARTS"]
+__all__ = ["IGNORED_PARTS", "Problem", "read_tree", "validate_files", "validate_repository"]
 
 IGNORED_PARTS: Final = frozenset({"__pycache__"})
 _JSON_PARAMS: Final[dict[str, type]] = {
@@ -67,9 +67,9 @@ def read_tree(root: Path) -> dict[str, bytes]:
 
 
 def _dtype_name(value: int) -> str:
-    from tritonclient.grpc import model_config_pb2 as mc
+    from tritonclient.grpc import model_config_pb2 as mc  # type: ignore[import-untyped]
 
-    return str(mc.DataType.Name(value))  # type: ignore[attr-defined]
+    return str(mc.DataType.Name(value))
 
 
 def _dims_compatible(a: list[int], b: list[int]) -> bool:
@@ -103,7 +103,7 @@ class _Checker:
                              "instead of filling templates")
 
     def parse_configs(self) -> None:
-        from google.protobuf import text_format
+        from google.protobuf import text_format  # type: ignore[import-untyped]
         from tritonclient.grpc import model_config_pb2 as mc
 
         dirs = sorted({p.split("/")[0] for p in self.files if "/" in p})
@@ -239,7 +239,7 @@ class _Checker:
             if cfg.platform == "ensemble":
                 self.check_ensemble(name, cfg, self.config_file[name])
 
-    def check_ensemble(self, name: str, cfg: Any, path: str) -> None:  # noqa: C901
+    def check_ensemble(self, name: str, cfg: Any, path: str) -> None:
         add = self.add
         ens_in = {t.name: t for t in cfg.input}
         ens_out = {t.name: t for t in cfg.output}

@@ -15,7 +15,7 @@ from pathlib import Path
 from tritonforge.render.renderer import EXECUTABLE_FILES, MARKER_FILE
 from tritonforge.render.validate import Problem, read_tree, validate_repository
 
-__all__ = ["OutputError", "ValidationFailed", "write_repository", "diff_tree"]
+__all__ = ["OutputError", "ValidationFailed", "diff_tree", "write_repository"]
 
 
 class OutputError(Exception):

@@ -12,7 +12,7 @@ from tritonforge.spec.errors import SpecError
 from tritonforge.spec.model import Spec
 from tritonforge.spec.rules import check_spec
 
-__all__ = ["load_spec", "parse_spec", "format_validation_error"]
+__all__ = ["format_validation_error", "load_spec", "parse_spec"]
 
 _MAX_SPEC_BYTES = 1_048_576
 
@@ -25,7 +25,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode,
                        deep: bool = False) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -77,8 +77,8 @@ def format_validation_error(exc: ValidationError) -> list[str]:
 def parse_spec(data: Any, source: str = "") -> Spec:
     """Validate already-parsed YAML ``data``; raise ``SpecError`` listing every problem."""
     if not isinstance(data, dict):
-        raise SpecError([f"(spec): the top level must be a mapping with at least 'name'; got "
-                         f"{type(data).__name__}. Fix: start the file with 'name: my-model'"],
+        raise SpecError([(f"(spec): the top level must be a mapping with at least 'name'; got "
+                         f"{type(data).__name__}. Fix: start the file with 'name: my-model'")],
                         source)
     try:
         spec = Spec.model_validate(data)
@@ -97,18 +97,18 @@ def load_spec(path: str | Path) -> Spec:
     try:
         raw = p.read_bytes()
     except OSError as exc:
-        raise SpecError([f"(file): cannot read the spec: {exc.strerror or exc}. "
-                         "Fix: check the path"], src) from None
+        raise SpecError([(f"(file): cannot read the spec: {exc.strerror or exc}. "
+                         "Fix: check the path")], src) from None
     if len(raw) > _MAX_SPEC_BYTES:
-        raise SpecError([f"(file): the spec is larger than {_MAX_SPEC_BYTES} bytes. "
-                         "Fix: is this the right file?"], src)
+        raise SpecError([(f"(file): the spec is larger than {_MAX_SPEC_BYTES} bytes. "
+                         "Fix: is this the right file?")], src)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(["(file): the spec is not UTF-8 text. Fix: save it as UTF-8"],
                         src) from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         detail = str(exc).replace("\n", " ")
         raise SpecError([f"(yaml): not valid YAML: {detail}. Fix: correct the syntax"],

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tritonforge.contract import LIMITS, SamplingDefaults
 
 __all__ = [
+    "PACKAGED_MODEL",
     "Backend",
     "Batching",
     "BatchingStrategy",
@@ -36,7 +37,6 @@ __all__ = [
     "SpeculativeMethod",
     "TensorRTLLMSection",
     "VllmSection",
-    "PACKAGED_MODEL",
 ]
 
 Backend = Literal["vllm", "tensorrtllm"]

@@ -8,6 +8,7 @@ schema before these rules run.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, Final
 
 from pydantic import BaseModel
@@ -25,13 +26,13 @@ from tritonforge.render.trtllm_params import TRTLLM_PARAMETERS
 from tritonforge.spec.model import PACKAGED_MODEL, Spec
 
 __all__ = [
-    "check_spec",
-    "name_problem",
     "QUANTIZATION_BY_BACKEND",
+    "RESERVED_MODEL_NAMES",
     "SPECULATIVE_BY_BACKEND",
     "TRTLLM_DERIVED_PARAMETERS",
     "VLLM_DERIVED_ENGINE_ARGS",
-    "RESERVED_MODEL_NAMES",
+    "check_spec",
+    "name_problem",
 ]
 
 QUANTIZATION_BY_BACKEND: Final[dict[str, tuple[str, ...]]] = {
@@ -103,7 +104,7 @@ _VLLM_ONLY: Final = (("batching", "max_num_seqs"), ("kv_cache", "cpu_space_gib")
 
 def name_problem(value: str, what: str = "a model name") -> str | None:
     """Why ``value`` is not a safe Triton model/adapter name, or None when it is."""
-    bad = [
+    bad: list[tuple[Callable[[str], bool], str]] = [
         (lambda v: "/" in v or "\\" in v, "a path separator"),
         (lambda v: "'" in v or '"' in v or "`" in v, "a quote"),
         (lambda v: "\n" in v or "\r" in v, "a newline"),
@@ -145,7 +146,7 @@ def _walk_strings(value: Any, path: str) -> list[tuple[str, str]]:
     return out
 
 
-def check_spec(spec: Spec) -> list[str]:  # noqa: C901 - one flat list of rules by design
+def check_spec(spec: Spec) -> list[str]:
     """Return one message per problem of ``spec`` (empty when it is valid)."""
     p: list[str] = []
     b = spec.backend
@@ -314,13 +315,13 @@ def check_spec(spec: Spec) -> list[str]:  # noqa: C901 - one flat list of rules 
                  f"({spec.model.max_model_len}) unless batching.chunked_prefill is true; got "
                  f"{bt.max_num_batched_tokens}. Fix: raise it or enable chunked_prefill")
 
-    for key, value in sorted(spec.vllm.engine_args.items()):
+    for key, arg in sorted(spec.vllm.engine_args.items()):
         if not _ARG_RE.fullmatch(key):
             p.append(f"vllm.engine_args: keys are AsyncEngineArgs names (lower_snake_case); "
                      f"got {key!r}. Fix: check the spelling")
         elif key in VLLM_DERIVED_ENGINE_ARGS:
             p.append(f"vllm.engine_args.{key}: set by the spec field "
-                     f"{VLLM_DERIVED_ENGINE_ARGS[key]}; got {value!r}. Fix: use that field")
+                     f"{VLLM_DERIVED_ENGINE_ARGS[key]}; got {arg!r}. Fix: use that field")
     for key in sorted(spec.vllm.env):
         if not _ENV_RE.fullmatch(key):
             p.append(f"vllm.env: keys are environment variable names (UPPER_SNAKE_CASE); got "
