@@ -18,12 +18,13 @@ from tritonforge.clients import (
     ModelNotReady,
     ProtocolError,
     Request,
+    ServerError,
     ServerUnavailable,
     Timeout,
     _wire,
 )
 from tritonforge.clients._base import Recorder, normalise_url, pick_ensemble
-from tritonforge.clients._http import status_error
+from tritonforge.clients._http import error_text, status_error
 from tritonforge.clients._http import translate as translate_http
 
 
@@ -203,11 +204,12 @@ def test_sse_decoding() -> None:
 
 
 def test_http_status_errors() -> None:
-    err = status_error(400, b'{"error":"Request for unknown model: \'nope\' is not found"}')
+    err = status_error(400, error_text('{"error":"Request for unknown model: \'nope\' is not found"}'))
     assert isinstance(err, ModelNotReady)
-    err = status_error(400, b'{"error":"max_tokens must be an integer in [1, 9]"}')
-    assert isinstance(err, InvalidRequest) and err.server_message is not None
-    assert isinstance(status_error(503, b"{}"), ServerUnavailable)
+    err = status_error(400, error_text('{"error":"max_tokens must be an integer in [1, 9]"}'))
+    assert isinstance(err, InvalidRequest) and err.server_message == "max_tokens must be an integer in [1, 9]"
+    assert isinstance(status_error(503, "going away"), ServerUnavailable)
+    assert isinstance(status_error(500, "boom"), ServerError)
 
 
 def test_httpx_errors_translate() -> None:

@@ -41,21 +41,58 @@ def translate(exc: Exception) -> TritonForgeError:
     return ProtocolError(f"HTTP error: {exc}")
 
 
-def status_error(status: int, body: bytes) -> TritonForgeError:
-    """The typed error for a non-2xx reply (Triton puts ``{"error": "..."}`` in the body)."""
-    text = body.decode("utf-8", errors="replace")
+def error_text(body: str) -> str:
+    """The server's message in an error body: Triton sends ``{"error": "..."}``."""
     try:
-        obj = json.loads(text)
-        if isinstance(obj, dict) and "error" in obj:
-            text = str(obj["error"])
+        obj = json.loads(body)
     except json.JSONDecodeError:
-        pass
+        return body
+    return str(obj["error"]) if isinstance(obj, dict) and "error" in obj else body
+
+
+def status_error(status: int, message: str) -> TritonForgeError:
+    """The typed error for a non-2xx reply carrying the server's ``message``."""
     kind = {400: "invalid", 404: "not_found", 503: "unavailable"}.get(status)
     if kind is None and status >= 500:
         kind = "internal"
     if kind is None:
-        return ServerError(f"HTTP {status}: {text}")
-    return _wire.server_error(text, kind=kind)
+        return ServerError(f"HTTP {status}: {message}")
+    return _wire.server_error(message, kind=kind)
+
+
+def _is_sse(response: httpx.Response) -> bool:
+    return "text/event-stream" in response.headers.get("content-type", "")
+
+
+def _read_error(response: httpx.Response) -> TritonForgeError:
+    """Read a refused reply (when the first response is an error, Triton sends it as an
+    SSE event with a 4xx status) and close it."""
+    try:
+        if _is_sse(response):
+            parts = [error_text(e.data) for e in EventSource(response).iter_sse() if e.data]
+            message = "; ".join(parts)
+        else:
+            message = error_text(response.read().decode("utf-8", errors="replace"))
+    except (httpx.HTTPError, httpx.StreamError, SSEError) as exc:
+        raise translate(exc) from exc
+    finally:
+        response.close()
+    return status_error(response.status_code, message)
+
+
+async def _aread_error(response: httpx.Response) -> TritonForgeError:
+    """Async twin of :func:`_read_error`."""
+    try:
+        if _is_sse(response):
+            parts = [error_text(e.data) async for e in EventSource(response).aiter_sse() if e.data]
+            message = "; ".join(parts)
+        else:
+            message = error_text((await response.aread()).decode("utf-8", errors="replace"))
+    except (httpx.HTTPError, httpx.StreamError, SSEError) as exc:
+        raise translate(exc) from exc
+    finally:
+        await response.aclose()
+    return status_error(response.status_code, message)
 
 
 def _timeout(total: float | None, connect: float) -> httpx.Timeout:
@@ -124,25 +161,19 @@ class HttpTransport:
         except httpx.HTTPError as exc:
             raise translate(exc) from exc
         if response.status_code != 200:
-            try:
-                body = response.read()
-            except httpx.HTTPError as exc:
-                raise translate(exc) from exc
-            finally:
-                response.close()
-            raise status_error(response.status_code, body)
+            raise _read_error(response)
         return HttpCall(response)
 
     def index(self) -> list[ModelInfo]:
         reply = self._call("POST", "/v2/repository/index", json={})
         if reply.status_code != 200:
-            raise status_error(reply.status_code, reply.content)
+            raise status_error(reply.status_code, error_text(reply.text))
         return _index(reply.json())
 
     def platform(self, model: str) -> str:
         reply = self._call("GET", f"/v2/models/{model}/config")
         if reply.status_code != 200:
-            raise status_error(reply.status_code, reply.content)
+            raise status_error(reply.status_code, error_text(reply.text))
         return str(reply.json().get("platform", ""))
 
     def model_ready(self, model: str) -> bool:
@@ -205,25 +236,19 @@ class AsyncHttpTransport:
         except httpx.HTTPError as exc:
             raise translate(exc) from exc
         if response.status_code != 200:
-            try:
-                body = await response.aread()
-            except httpx.HTTPError as exc:
-                raise translate(exc) from exc
-            finally:
-                await response.aclose()
-            raise status_error(response.status_code, body)
+            raise await _aread_error(response)
         return AsyncHttpCall(response)
 
     async def index(self) -> list[ModelInfo]:
         reply = await self._call("POST", "/v2/repository/index", json={})
         if reply.status_code != 200:
-            raise status_error(reply.status_code, reply.content)
+            raise status_error(reply.status_code, error_text(reply.text))
         return _index(reply.json())
 
     async def platform(self, model: str) -> str:
         reply = await self._call("GET", f"/v2/models/{model}/config")
         if reply.status_code != 200:
-            raise status_error(reply.status_code, reply.content)
+            raise status_error(reply.status_code, error_text(reply.text))
         return str(reply.json().get("platform", ""))
 
     async def model_ready(self, model: str) -> bool:
