@@ -64,6 +64,8 @@ def format_validation_error(exc: ValidationError) -> list[str]:
             allowed = _fields_at(loc[:-1]) or []
             out.append(f"{path}: unknown key; allowed here: {', '.join(allowed)}. "
                        "Fix: remove it or check the spelling")
+        elif kind == "value_error":
+            out.append(f"{path}: {err['ctx']['error']}")
         elif kind == "missing":
             out.append(f"{path}: required; got nothing. Fix: add it")
         else:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tritonforge.contract import LIMITS, SamplingDefaults
+from tritonforge.spec.names import name_problem
 
 __all__ = [
     "PACKAGED_MODEL",
@@ -189,6 +190,14 @@ class Lora(_Section):
     adapters: dict[str, str] = Field(default_factory=dict)
     """Adapters by name: ``{name: folder}``. Ids are assigned 1.. in name order."""
 
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in sorted(value):
+            if (msg := name_problem(name, "an adapter name")) is not None:
+                raise ValueError(msg)
+        return value
+
 
 class Instances(_Section):
     """Instances and batching of the Python pre/post-processing models."""
@@ -295,6 +304,13 @@ class Spec(_Section):
 
     name: str
     """Served model name (the ensemble). Letters, digits, ``_``, ``-``, ``.`` (not first)."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if (msg := name_problem(value, "the served model name")) is not None:
+            raise ValueError(msg)
+        return value
 
     model: ModelSection = Field(default_factory=ModelSection)
     """The model."""

@@ -8,7 +8,6 @@ schema before these rules run.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any, Final
 
 from pydantic import BaseModel
@@ -24,6 +23,7 @@ from tritonforge.contract import (
 )
 from tritonforge.render.trtllm_params import TRTLLM_PARAMETERS
 from tritonforge.spec.model import PACKAGED_MODEL, Spec
+from tritonforge.spec.names import name_problem
 
 __all__ = [
     "QUANTIZATION_BY_BACKEND",
@@ -91,7 +91,6 @@ RESERVED_MODEL_NAMES: Final = (
     MODEL_PREPROCESSING, MODEL_POSTPROCESSING, MODEL_TENSORRT_LLM, MODEL_VLLM_ENGINE, MODEL_BLS,
 )
 
-_NAME_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _ARG_RE: Final = re.compile(r"[a-z_][a-z0-9_]*")
 _ENV_RE: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 _TRTLLM_ONLY: Final = (
@@ -100,29 +99,6 @@ _TRTLLM_ONLY: Final = (
     ("kv_cache", "host_offload_bytes"),
 )
 _VLLM_ONLY: Final = (("batching", "max_num_seqs"), ("kv_cache", "cpu_space_gib"))
-
-
-def name_problem(value: str, what: str = "a model name") -> str | None:
-    """Why ``value`` is not a safe Triton model/adapter name, or None when it is."""
-    bad: list[tuple[Callable[[str], bool], str]] = [
-        (lambda v: "/" in v or "\\" in v, "a path separator"),
-        (lambda v: "'" in v or '"' in v or "`" in v, "a quote"),
-        (lambda v: "\n" in v or "\r" in v, "a newline"),
-        (lambda v: "${" in v, "a '${' placeholder"),
-        (lambda v: "{{" in v or "{%" in v, "a template marker"),
-        (lambda v: "{" in v or "}" in v, "a brace"),
-        (lambda v: ".." in v, "'..'"),
-        (lambda v: v.startswith("."), "a leading '.'"),
-        (lambda v: any(c.isspace() for c in v), "whitespace"),
-    ]
-    for test, label in bad:
-        if test(value):
-            return (f"{what} must not contain {label}; allowed: letters, digits, '_', '-', '.' "
-                    f"(not first), 1-64 characters; got {value!r}. Fix: e.g. 'smollm2'")
-    if not _NAME_RE.fullmatch(value):
-        return (f"{what} may use only letters, digits, '_', '-', '.' (not first), 1-64 "
-                f"characters; got {value!r}. Fix: e.g. 'smollm2'")
-    return None
 
 
 def _set(section: BaseModel, field: str) -> bool:
@@ -156,9 +132,7 @@ def check_spec(spec: Spec) -> list[str]:
         if "\x00" in s:
             p.append(f"{path}: must not contain a NUL character; got {s!r}. Fix: remove it")
 
-    if (msg := name_problem(spec.name, "the served model name")) is not None:
-        p.append(f"name: {msg}")
-    elif spec.name in RESERVED_MODEL_NAMES:
+    if spec.name in RESERVED_MODEL_NAMES:
         p.append(f"name: {spec.name!r} is the name of a model inside the repository; "
                  f"reserved: {', '.join(RESERVED_MODEL_NAMES)}. Fix: choose another name")
 
@@ -242,9 +216,6 @@ def check_spec(spec: Spec) -> list[str]:
                  f"{sp.draft_model!r}. Fix: remove it or choose method draft_model/eagle/medusa")
 
     lora = spec.lora
-    for adapter in sorted(lora.adapters):
-        if (msg := name_problem(adapter, "an adapter name")) is not None:
-            p.append(f"lora.adapters: {msg}")
     if lora.adapters and not lora.enabled:
         p.append("lora.enabled: adapters are listed but LoRA is off; got false. "
                  "Fix: set lora.enabled: true")
