@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import sysconfig
-import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tritonforge.backends import metrics as m
 from tritonforge.backends.metrics import EngineMetrics
+from tritonforge.runtime.server import ServerError, ServerOptions, free_port, running
 
 MODEL = "metrics_probe"
 
@@ -34,6 +28,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from tritonforge.backends.metrics import EngineMetrics
+from tritonforge.runtime.server import ServerError, ServerOptions, free_port, running
 
 
 class TritonPythonModel:
@@ -85,29 +80,10 @@ instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
 VALUES = (0.00390625, 0.5, 0.625, 2.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Server:
     http: str
     metrics: str
-
-
-def _server_layout(dst: Path) -> Path:
-    """A writable copy of the tritonserver bundled in nvidia-pytriton, stub included."""
-    try:
-        import pytriton  # type: ignore[import-untyped]
-    except ImportError:
-        pytest.fail("nvidia-pytriton is not installed: run scripts/setup.sh")
-    bundled = Path(pytriton.__file__).parent / "tritonserver"
-    shutil.copytree(bundled, dst, symlinks=True)
-    stub = bundled / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}"
-    shutil.copy2(stub / "triton_python_backend_stub", dst / "backends" / "python")
-    return dst
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -121,58 +97,21 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 @pytest.fixture(scope="module")
 def probe_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("metrics_probe")
-    server_dir = _server_layout(root / "tritonserver")
     repo = root / "repo"
     (repo / MODEL / "1").mkdir(parents=True)
     (repo / MODEL / "config.pbtxt").write_text(CONFIG)
     (repo / MODEL / "1" / "model.py").write_text(MODEL_PY.replace("RECORD", RECORD))
-    import pytriton
-
-    libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        [str(sysconfig.get_config_var("LIBDIR")), str(libs), env.get("LD_LIBRARY_PATH", "")]
-    )
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    http, grpc, metrics = _free_port(), _free_port(), _free_port()
-    log = (root / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            str(server_dir / "bin" / "tritonserver"),
-            f"--model-repository={repo}",
-            f"--backend-directory={server_dir / 'backends'}",
-            f"--cache-directory={server_dir / 'caches'}",
-            "--http-address=127.0.0.1", f"--http-port={http}",
-            "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
-            "--metrics-address=127.0.0.1", f"--metrics-port={metrics}",
-            "--allow-metrics=true", "--allow-cpu-metrics=true", "--metrics-interval-ms=200",
-        ],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+    options = ServerOptions(
+        repository=repo, http_port=free_port(), grpc_port=free_port(),
+        metrics_port=free_port(), log_file=root / "server.log",
+        extra_args=["--metrics-interval-ms=200"],
     )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"tritonserver exited {proc.returncode}:\n"
-                            + (root / "server.log").read_text()[-4000:])
-            try:
-                if _get(f"http://127.0.0.1:{http}/v2/health/ready")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("tritonserver not ready in 120 s:\n"
-                            + (root / "server.log").read_text()[-4000:])
-            time.sleep(0.3)
-        yield Server(http=f"127.0.0.1:{http}", metrics=f"127.0.0.1:{metrics}")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+        with running(options, timeout=120) as server:
+            yield Server(http=options.http_url, metrics=options.metrics_url)
+            assert server.process is not None and server.process.poll() is None
+    except ServerError as exc:
+        pytest.fail(str(exc))
 
 
 def _infer(server: Server, value: float) -> float:
