@@ -41,8 +41,10 @@ _T = TypeVar("_T")
 
 def translate(exc: grpc.RpcError) -> TritonForgeError:
     """The one place a gRPC error becomes a tritonforge error."""
-    code = exc.code() if isinstance(exc, grpc.Call) else None
-    details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+    # Sync errors are grpc.Call objects, grpc.aio's AioRpcError is not: both have these.
+    code_fn, details_fn = getattr(exc, "code", None), getattr(exc, "details", None)
+    code = code_fn() if callable(code_fn) else None
+    details = str((details_fn() if callable(details_fn) else None) or exc)
     if code == grpc.StatusCode.UNAVAILABLE:
         return ServerUnavailable(details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
