@@ -368,6 +368,35 @@ class _Checker:
             cyc = sorted(i for i, n in indeg.items() if n > 0)
             add(path, name, f"steps {cyc} form a cycle. Fix: a step may only read tensors of "
                 "earlier steps")
+        # Triton refuses a step, or the ensemble outputs, fed both by a decoupled model's
+        # responses and by tensors from before it (they would pair up differently).
+        behind: dict[str, bool] = {}  # tensor -> produced downstream of a decoupled model
+        order = sorted(range(len(steps)), key=lambda i: len(deps[i]))
+        for _ in range(len(steps)):
+            for i in order:
+                sub = step_cfgs[i]
+                if sub is None:
+                    continue
+                tensors = list(steps[i].input_map.values())
+                down = sub.model_transaction_policy.decoupled or any(
+                    behind.get(t, False) for t in tensors)
+                for t in steps[i].output_map.values():
+                    behind[t] = down
+        for i, step in enumerate(steps):
+            tensors = list(step.input_map.values())
+            if any(behind.get(t, False) for t in tensors) and not all(
+                    behind.get(t, False) for t in tensors):
+                mixed = sorted(t for t in tensors if not behind.get(t, False))
+                add(path, name, f"step {i} ({step.model_name}) reads responses of a decoupled "
+                    f"model together with tensors from before it ({', '.join(mixed)}); Triton "
+                    "rejects such an ensemble. Fix: have the decoupled model pass these on as "
+                    "outputs")
+        outs_behind = {t: behind.get(t, False) for t in ens_out if t in produced}
+        if any(outs_behind.values()) and not all(outs_behind.values()):
+            mixed = sorted(t for t, b in outs_behind.items() if not b)
+            add(path, name, f"ensemble outputs mix responses of a decoupled model with tensors "
+                f"from before it ({', '.join(mixed)}); Triton rejects such an ensemble. Fix: "
+                "produce every output after the decoupled model")
         subs = [s for s in step_cfgs if s is not None]
         if any(s.model_transaction_policy.decoupled for s in subs):
             if cfg.response_cache.enable:
