@@ -267,10 +267,14 @@ ENGINE_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("output_log_probs", DType.FP32, (-1, -1), False),
 )
 
-# tritonforge's CPU engine adds one output the C++ backend lacks; the ensemble maps it only
-# for that engine, postprocessing infers the reason otherwise.
+# tritonforge's CPU engine adds outputs the C++ backend lacks. Triton ensembles refuse a step
+# (or the ensemble's outputs) fed both by a decoupled model and by tensors from before it
+# (server issue 7275), so postprocessing can only read what the engine returns: these carry
+# what it needs. With the C++ backend they are absent and postprocessing infers the finish
+# reason from end_id and reports num_input_tokens as -1 (unknown).
 ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("finish_reason", DType.STRING, (1,), False, "Set on the last response."),
+    Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
 )
 
 # Ensemble name -> engine name, where the two differ (the reference ensemble's renames).
@@ -308,33 +312,24 @@ def pre_output(engine_input: str) -> str:
 _ENGINE_IN = {t.name: t for t in ENGINE_INPUTS}
 PREPROCESSING_OUTPUTS: Final[tuple[Tensor, ...]] = tuple(
     _ENGINE_IN[n].renamed(pre_output(n), optional=False) for n in PREPROCESSED_ENGINE_INPUTS
-) + (
-    Tensor("request_key", DType.UINT64, (1,), False,
-           "Random per-request key: postprocessing keeps its detokenizer state under it."),
 )
 
 POSTPROCESSING_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("output_ids", DType.INT32, (-1, -1)),
     Tensor("sequence_length", DType.INT32, (-1,)),
-    Tensor("request_key", DType.UINT64, (1,)),
-    Tensor("input_lengths", DType.INT32, (1,)),
-    Tensor("request_output_len", DType.INT32, (1,)),
-    Tensor("end_id", DType.INT32, (1,)),
     Tensor("engine_finish_reason", DType.STRING, (1,), True),
+    Tensor("engine_num_input_tokens", DType.INT32, (1,), True),
 )
 POSTPROCESSING_OUTPUTS: Final[tuple[Tensor, ...]] = ENSEMBLE_OUTPUTS
 
-# Where each postprocessing input comes from in the ensemble: (step, tensor of that step).
-# "engine_finish_reason" is mapped only when the engine declares ENGINE_EXTRA_OUTPUTS
-# (tritonforge's CPU engine); with the C++ backend postprocessing infers the reason.
+# Where each postprocessing input comes from: the engine step only (see
+# ENGINE_EXTRA_OUTPUTS). Optional sources are mapped only when the engine declares them.
+# Detokenization state is keyed by the request id, which ensembles pass on to every step.
 POSTPROCESSING_SOURCES: Final[dict[str, tuple[str, str]]] = {
     "output_ids": ("engine", "output_ids"),
     "sequence_length": ("engine", "sequence_length"),
     "engine_finish_reason": ("engine", "finish_reason"),
-    "request_key": ("preprocessing", "request_key"),
-    "input_lengths": ("preprocessing", pre_output("input_lengths")),
-    "request_output_len": ("preprocessing", pre_output("request_output_len")),
-    "end_id": ("preprocessing", pre_output("end_id")),
+    "engine_num_input_tokens": ("engine", "num_input_tokens"),
 }
 
 

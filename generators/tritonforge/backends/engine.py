@@ -214,9 +214,12 @@ class Responder(Protocol):
     def is_cancelled(self) -> bool: ...
 
 
-def engine_outputs(ids: list[int], finish: str, logprobs: list[float] | None = None) -> dict[str, np.ndarray]:
+def engine_outputs(
+    ids: list[int], finish: str, n_input: int, logprobs: list[float] | None = None
+) -> dict[str, np.ndarray]:
     lp = logprobs if logprobs is not None else [0.0] * len(ids)
     return {
+        "num_input_tokens": np.array([[n_input]], dtype=np.int32),
         "output_ids": np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids)),
         "sequence_length": np.array([[len(ids)]], dtype=np.int32),
         "cum_log_probs": np.array([[float(sum(lp))]], dtype=np.float32),
@@ -352,6 +355,14 @@ class VllmEngineRunner:
             output_kind=RequestOutputKind.DELTA,
         )
 
+    def _complete_text(self, ids: list[int]) -> bool:
+        """True when ``ids`` end on a character boundary: streamed chunks never split a
+        multi-byte character, so even a stateless detokenizer decodes each chunk exactly."""
+        try:
+            return not str(self._tokenizer.decode(ids)).endswith("\ufffd")
+        except Exception:
+            return True
+
     def _update_gauges(self) -> None:
         if self.metrics is None:
             return
@@ -388,6 +399,7 @@ class VllmEngineRunner:
         generated = 0
         finish = ""
         stopper = StopMatcher(req.stop_words)
+        n_in = len(req.input_ids)
         pending: list[int] = list(req.input_ids) if not req.exclude_input_in_output else []
         pending_lp: list[float] = [0.0] * len(pending)
         try:
@@ -445,8 +457,9 @@ class VllmEngineRunner:
                         finish = FinishReason.CANCELLED.value
                     break
                 if req.streaming and pending:
-                    responder.send(engine_outputs(pending, "", pending_lp if req.return_log_probs else None), final=False)
-                    pending, pending_lp = [], []
+                    if self._complete_text(pending):
+                        responder.send(engine_outputs(pending, "", n_in, pending_lp if req.return_log_probs else None), final=False)
+                        pending, pending_lp = [], []
                 self._update_gauges()
             if live.cancelled:
                 with contextlib.suppress(Exception):
@@ -456,7 +469,7 @@ class VllmEngineRunner:
             else:
                 if not finish:
                     finish = FinishReason.LENGTH.value if generated >= req.max_tokens else FinishReason.STOP.value
-                responder.send(engine_outputs(pending, finish, pending_lp if req.return_log_probs else None), final=True)
+                responder.send(engine_outputs(pending, finish, n_in, pending_lp if req.return_log_probs else None), final=True)
         except RequestError as exc:
             finish = "error"
             responder.send_error(str(exc), invalid=True)

@@ -1,11 +1,13 @@
 """Postprocessing logic: token ids from the engine -> exact text deltas, counts, finish reason.
 
-The ensemble calls postprocessing once per engine response. Detokenization state lives here,
-keyed by the ``request_key`` preprocessing drew for the request, so streamed pieces
-concatenate to exactly the text of a non-streamed request (see ``detokenize``). State is
-dropped when the request finishes, and bounded (least recently used first) in case a
-request's end is never seen (a client that went away mid-stream with an engine that does not
-report it).
+The ensemble calls postprocessing once per engine response, with the engine's outputs only
+(Triton refuses a step fed both by a decoupled model and by earlier steps). Detokenization
+state lives here, keyed by the request id (ensembles pass the client's id to every step; the
+tritonforge clients always send one), so streamed pieces concatenate to exactly the text of a
+non-streamed request (see ``detokenize``). State is dropped when the request finishes, and
+bounded (least recently used first) in case a request's end is never seen. A request without
+an id is decoded chunk by chunk; tritonforge's engine cuts chunks on character boundaries,
+so that is exact for byte-level BPE tokenizers too.
 """
 
 from __future__ import annotations
@@ -57,57 +59,47 @@ def _scalar(arr: np.ndarray | None, default: Any = None) -> Any:
 
 
 class Postprocessor:
-    def __init__(self, decode: Decoder, max_states: int = 65536) -> None:
+    def __init__(self, decode: Decoder, end_id: int | None = None, max_states: int = 65536) -> None:
         self.decode = decode
+        self.end_id = end_id
         self.max_states = max_states
-        self._states: OrderedDict[int, _State] = OrderedDict()
+        self._states: OrderedDict[str, _State] = OrderedDict()
 
     @property
     def open_requests(self) -> int:
         return len(self._states)
 
-    def process(self, inputs: Mapping[str, np.ndarray | None]) -> PostResult:
+    def process(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> PostResult:
         ids_arr = inputs["output_ids"]
         assert ids_arr is not None
         lengths = inputs.get("sequence_length")
         ids = ids_arr.reshape(-1) if ids_arr.ndim <= 1 else ids_arr.reshape(-1, ids_arr.shape[-1])[0]
         n = int(_scalar(lengths, len(ids)))
         ids = [int(t) for t in ids[: max(0, min(n, len(ids)))]]
-        end_id = _scalar(inputs.get("end_id"))
-        if end_id is not None and ids and ids[-1] == int(end_id):
-            # The C++ backend leaves end_id out; an engine that includes it is trimmed the same.
+        hit_end = bool(ids) and self.end_id is not None and ids[-1] == self.end_id
+        if hit_end:  # the C++ backend leaves end_id out; an engine that includes it is trimmed
             ids = ids[:-1]
-            hit_end = True
-        else:
-            hit_end = False
-        key = int(_scalar(inputs.get("request_key"), 0))
+        reason = str(_scalar(inputs.get("engine_finish_reason"), "") or "")
+        if not reason and hit_end:
+            reason = FinishReason.STOP.value
+        n_input = int(_scalar(inputs.get("engine_num_input_tokens"), -1))
+
+        if not request_id:
+            text = self.decode(ids)
+            return PostResult(text, reason, n_input, len(ids))
         now = time.monotonic()
-        state = self._states.get(key)
+        state = self._states.get(request_id)
         if state is None:
             state = _State(IncrementalDetokenizer(self.decode), 0, now)
-            self._states[key] = state
+            self._states[request_id] = state
             while len(self._states) > self.max_states:
                 self._states.popitem(last=False)
         else:
-            self._states.move_to_end(key)
+            self._states.move_to_end(request_id)
             state.touched = now
         state.tokens += len(ids)
         text = state.detok.push(ids)
-
-        reason = str(_scalar(inputs.get("engine_finish_reason"), "") or "")
-        if not reason:
-            # The C++ backend does not say why it stopped: infer it.
-            limit = _scalar(inputs.get("request_output_len"))
-            if hit_end:
-                reason = FinishReason.STOP.value
-            elif limit is not None and state.tokens >= int(limit):
-                reason = FinishReason.LENGTH.value
         if reason:
             text += state.detok.finish()
-            self._states.pop(key, None)
-        return PostResult(
-            text=text,
-            finish_reason=reason,
-            num_input_tokens=int(_scalar(inputs.get("input_lengths"), 0)),
-            num_output_tokens=len(ids),
-        )
+            self._states.pop(request_id, None)
+        return PostResult(text, reason, n_input, len(ids))

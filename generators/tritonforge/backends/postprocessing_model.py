@@ -19,14 +19,19 @@ class TritonPythonModel:
         _, params = triton_io.model_params(args)
         ref = params.get(Param.TOKENIZER.value) or params[Param.MODEL.value]
         skip = (params.get(Param.SKIP_SPECIAL_TOKENS.value) or "true").lower() != "false"
-        self.post = Postprocessor(make_decoder(load_tokenizer(ref), skip_special_tokens=skip))
+        tokenizer = load_tokenizer(ref)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.post = Postprocessor(
+            make_decoder(tokenizer, skip_special_tokens=skip), None if eos is None else int(eos)
+        )
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:
                 inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
-                responses.append(triton_io.make_response(self.post.process(inputs).arrays()))
+                result = self.post.process(inputs, request.request_id())
+                responses.append(triton_io.make_response(result.arrays()))
             except Exception as exc:
                 responses.append(triton_io.error_response(f"postprocessing failed: {exc}", invalid=False))
         return responses

@@ -273,7 +273,6 @@ class Preprocessor:
             pre_output("stop_words_list"): to_word_list(stop_ids)[None],
             pre_output("bad_words_list"): to_word_list(bad_ids)[None],
             pre_output("lora_task_id"): one(lora_id, "uint64"),
-            "request_key": one(int.from_bytes(os.urandom(8), "little"), "uint64"),
         }
         return out
 
