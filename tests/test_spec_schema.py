@@ -1,0 +1,76 @@
+"""The spec schema: defaults, documentation, docs in sync, and a light import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+from tritonforge.contract import SamplingDefaults
+from tritonforge.spec import Spec, SpecError, load_spec, parse_spec
+from tritonforge.spec.reference import BEGIN, END, replace_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sections(model: type[BaseModel] = Spec) -> list[type[BaseModel]]:
+    out = [model]
+    for field in model.model_fields.values():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += _sections(ann)
+    return out
+
+
+def test_every_field_is_documented_and_defaulted() -> None:
+    for section in _sections():
+        for name, field in section.model_fields.items():
+            assert field.description, f"{section.__name__}.{name} has no docstring"
+            if section is not Spec or name != "name":
+                assert not field.is_required(), f"{section.__name__}.{name} has no default"
+
+
+def test_minimal_spec_defaults() -> None:
+    spec = parse_spec({"name": "m"})
+    assert spec.backend == "vllm" and spec.streaming and spec.non_streaming_model
+    assert spec.batching.max_batch_size == 64
+    d = SamplingDefaults()
+    assert spec.defaults.max_tokens == d.max_tokens and spec.defaults.top_p == d.top_p
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "deployments").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_example_specs_load(path: Path) -> None:
+    assert load_spec(path).name
+
+
+def test_default_spec_values() -> None:
+    spec = load_spec(ROOT / "deployments" / "default.yaml")
+    assert spec.name == "smollm2" and spec.device == "cpu" and spec.vllm.enforce_eager
+    assert spec.model.max_model_len == 2048 and spec.batching.max_num_seqs == 16
+    assert spec.kv_cache.cpu_space_gib == 1 and spec.defaults.max_tokens == 128
+
+
+def test_spec_error_lists_problems() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"name": "a/b", "streaming": "no"})
+    assert len(info.value.problems) == 2
+
+
+def test_docs_reference_is_in_sync() -> None:
+    text = (ROOT / "docs" / "generator.md").read_text()
+    assert BEGIN in text and END in text
+    assert replace_reference(text) == text, (
+        "docs/generator.md is stale: python -m tritonforge.spec.reference --write "
+        "docs/generator.md")
+
+
+def test_generator_does_not_import_engines() -> None:
+    code = ("import sys, tritonforge.cli.generate, tritonforge.spec, tritonforge.render.renderer,"
+            " tritonforge.render.validate, tritonforge.render.write;"
+            " print(sorted(m for m in ('vllm', 'torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.strip()
+    assert out == "[]"
