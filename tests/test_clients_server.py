@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
-
 from tritonforge.backends.metrics import REQUESTS_RUNNING
 from tritonforge.clients import (
     AsyncClient,
@@ -32,6 +30,7 @@ from tritonforge.clients import (
     StreamConsumed,
     Timeout,
 )
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.server
 
@@ -89,10 +88,10 @@ def _sync_run(client: Client, req: Request) -> tuple[str, Completion]:
 
 
 async def _async_run(url: str, protocol: str, model: str, req: Request) -> tuple[str, Completion]:
-    async with AsyncClient(url, protocol=protocol, model=model) as client:  # type: ignore[arg-type]
-        async with client.stream(req) as s:
-            streamed = "".join([c.text async for c in s])
-            return streamed, s.completion
+    client = AsyncClient(url, protocol=protocol, model=model)  # type: ignore[arg-type]
+    async with client, client.stream(req) as s:
+        streamed = "".join([c.text async for c in s])
+        return streamed, s.completion
 
 
 def test_both_transports_sync_async_stream_nonstream_same_greedy_text(triton_server: Any) -> None:
@@ -142,10 +141,11 @@ def test_discovers_the_one_ensemble(triton_server: Any) -> None:
 def test_many_concurrent_streams_share_one_client(triton_server: Any, clients: dict[str, Client]) -> None:
     for protocol, client in clients.items():
         out: list[str] = []
-        threads = [
-            threading.Thread(target=lambda: out.append(client.complete(PROMPT, max_tokens=8).text))
-            for _ in range(6)
-        ]
+
+        def one(client: Client = client, out: list[str] = out) -> None:
+            out.append(client.complete(PROMPT, max_tokens=8).text)
+
+        threads = [threading.Thread(target=one) for _ in range(6)]
         for t in threads:
             t.start()
         for t in threads:
