@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient  # type: ignore[import-untyped]
-
 from tritonforge import contract
 from tritonforge.clients import Client, TritonForgeError
 
