@@ -23,6 +23,7 @@ from tritonforge.clients import (
     Client,
     Completion,
     FinishReason,
+    Forbidden,
     InvalidRequest,
     ModelNotReady,
     Request,
@@ -37,7 +38,10 @@ pytestmark = pytest.mark.server
 PROMPT = "Once upon a time, there was a little"
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 PROTOCOLS = ("grpc", "http")
-LONG = 1024  # max_tokens of a request that is still running when the test leaves it
+# max_tokens (and min_tokens) of a request that is still running when the test leaves it:
+# on this CPU it takes far longer than SETTLE, so only a cancelled request stops within it.
+LONG = 384
+SETTLE = 5.0  # seconds the engine gets to drop a cancelled request
 
 
 def _url(server: Any, protocol: str) -> str:
@@ -65,7 +69,7 @@ def _running(metrics_url: str) -> float:
     return sum(values)
 
 
-def _wait_running(metrics_url: str, predicate: Any, seconds: float = 10.0) -> float:
+def _wait_running(metrics_url: str, predicate: Any, seconds: float = SETTLE) -> float:
     deadline = time.monotonic() + seconds
     value = _running(metrics_url)
     while not predicate(value) and time.monotonic() < deadline:
@@ -130,12 +134,20 @@ def test_chat_same_on_both_transports(clients: dict[str, Client]) -> None:
 
 
 def test_discovers_the_one_ensemble(triton_server: Any) -> None:
+    key = triton_server.admin_key
     for protocol in PROTOCOLS:
-        with Client(_url(triton_server, protocol), protocol=protocol) as client:  # type: ignore[arg-type]
+        url = _url(triton_server, protocol)
+        with Client(url, protocol=protocol, admin_key=key) as client:  # type: ignore[arg-type]
             assert client.model is None
             assert client.ready()
             assert client.model == triton_server.model
             assert triton_server.model in {m.name for m in client.models() if m.ready}
+        if key:  # the server restricts its repository index: discovery needs the key
+            with Client(url, protocol=protocol, admin_key="wrong") as client:  # type: ignore[arg-type]
+                with pytest.raises(ModelNotReady, match="TRITONFORGE_ADMIN_KEY"):
+                    client.complete(PROMPT, max_tokens=2)
+                with pytest.raises(Forbidden):
+                    client.models()
 
 
 def test_many_concurrent_streams_share_one_client(triton_server: Any, clients: dict[str, Client]) -> None:
@@ -168,7 +180,7 @@ def test_many_concurrent_streams_share_one_client(triton_server: Any, clients: d
 def test_leaving_a_stream_cancels_the_server_request(triton_server: Any, clients: dict[str, Client],
                                                      protocol: str) -> None:
     metrics = triton_server.metrics_url
-    assert _wait_running(metrics, lambda v: v == 0) == 0
+    assert _wait_running(metrics, lambda v: v == 0, 120) == 0, "requests left over from before"
     with clients[protocol].stream(PROMPT, max_tokens=LONG, min_tokens=LONG) as s:
         for chunk in s:
             if chunk.index >= 2:
@@ -195,7 +207,7 @@ def test_cancelling_the_asyncio_task_cancels_the_server_request(triton_server: A
             with pytest.raises(asyncio.CancelledError):
                 await task
 
-    assert _wait_running(metrics, lambda v: v == 0) == 0
+    assert _wait_running(metrics, lambda v: v == 0, 120) == 0, "requests left over from before"
     asyncio.run(main())
     assert _wait_running(metrics, lambda v: v == 0) == 0, "the engine still runs the request"
 
@@ -259,6 +271,7 @@ def test_invalid_max_tokens_client_side_and_server_side(triton_server: Any, prot
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_tiny_timeout_is_timeout(triton_server: Any, clients: dict[str, Client], protocol: str) -> None:
     client = clients[protocol]
+    assert _wait_running(triton_server.metrics_url, lambda v: v == 0, 120) == 0
     for stream in (True, False):
         with pytest.raises(Timeout):
             client.complete(PROMPT, max_tokens=LONG, min_tokens=LONG, stream=stream, timeout=0.3)
@@ -266,11 +279,21 @@ def test_tiny_timeout_is_timeout(triton_server: Any, clients: dict[str, Client],
 
 
 # ---------------------------------------------------------------------------- CLI
+_SERVER_KEY: list[str | None] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _admin_key(triton_server: Any) -> None:
+    _SERVER_KEY[:] = [triton_server.admin_key]
+
+
 def _cli(*args: str, input: str | None = None) -> Any:
     from tritonforge.cli import _register_all, app
+    from tritonforge.runtime.server import RESTRICTED_API_KEY_ENV
 
     _register_all()
-    return CliRunner().invoke(app, list(args), input=input)
+    env = {RESTRICTED_API_KEY_ENV: _SERVER_KEY[0] or ""}
+    return CliRunner().invoke(app, list(args), input=input, env=env)
 
 
 def test_cli_complete_json_and_stream(triton_server: Any, clients: dict[str, Client]) -> None:

@@ -162,6 +162,8 @@ def test_grpc_error_message_in_stream_is_typed() -> None:
     with pytest.raises(InvalidRequest, match="max_tokens") as info:
         _wire.grpc_event(_stream_response(None, "", 0, 0, final=True, error="max_tokens must be >= 1"))
     assert info.value.server_message == "max_tokens must be >= 1"
+    with pytest.raises(ServerError):
+        _wire.grpc_event(_stream_response(None, "", 0, 0, final=True, error="postprocessing failed: boom"))
     with pytest.raises(ModelNotReady):
         _wire.grpc_event(
             _stream_response(None, "", 0, 0, final=True, error="Request for unknown model: 'x' is not found")

@@ -28,6 +28,7 @@ from tritonforge.clients._models import (
 )
 from tritonforge.clients.exceptions import (
     Cancelled,
+    Forbidden,
     InvalidRequest,
     ModelNotReady,
     ProtocolError,
@@ -49,6 +50,7 @@ __all__ = [
     "Client",
     "Completion",
     "FinishReason",
+    "Forbidden",
     "InvalidRequest",
     "Message",
     "ModelInfo",

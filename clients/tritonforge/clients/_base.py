@@ -7,6 +7,7 @@ discovery, retry backoff, deadlines, and turning decoded responses into ``Chunk`
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -22,7 +23,7 @@ from tritonforge.clients._models import (
     RequestOverrides,
     TimeoutTypes,
 )
-from tritonforge.clients.exceptions import InvalidRequest, ModelNotReady, Timeout
+from tritonforge.clients.exceptions import Forbidden, InvalidRequest, ModelNotReady, Timeout
 
 __all__ = [
     "DEFAULT_PORTS",
@@ -77,6 +78,24 @@ def pick_ensemble(platforms: dict[str, str]) -> str:
     raise ModelNotReady(
         f"{len(main)} ensembles are served ({', '.join(main)}); pass the model name to use"
     )
+
+
+def _env_admin_key() -> str | None:
+    from tritonforge.runtime.server import RESTRICTED_API_KEY_ENV
+
+    return os.environ.get(RESTRICTED_API_KEY_ENV) or None
+
+
+def discovery_forbidden(exc: Forbidden) -> ModelNotReady:
+    """The error when the repository index (needed to discover the model) is restricted."""
+    from tritonforge.runtime.server import RESTRICTED_API_KEY_ENV
+
+    err = ModelNotReady(
+        "cannot discover the model: the server restricts its repository index "
+        f"({exc}); pass the model name, or set {RESTRICTED_API_KEY_ENV} to the server's admin key"
+    )
+    err.__cause__ = exc
+    return err
 
 
 def normalise_url(url: str | None, protocol: str) -> str:
@@ -188,6 +207,7 @@ class BaseClient:
         timeout: float | None = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         connect_retries: int = 2,
+        admin_key: str | None = None,
     ) -> None:
         self.protocol: Protocol = protocol
         self.url = normalise_url(url, protocol)
@@ -197,6 +217,7 @@ class BaseClient:
             raise InvalidRequest(f"connect_retries must be >= 0; got {connect_retries}")
         self.connect_retries = connect_retries
         self._model = model
+        self._admin_key = admin_key if admin_key is not None else _env_admin_key()
         # Private: tests switch this off to send requests only the server can refuse.
         self._check_requests = True
 

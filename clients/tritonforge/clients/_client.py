@@ -29,6 +29,7 @@ from tritonforge.clients._base import (
     Protocol,
     Recorder,
     RequestInput,
+    discovery_forbidden,
     pick_ensemble,
 )
 from tritonforge.clients._grpc import AsyncGrpcCall, AsyncGrpcTransport, GrpcCall, GrpcTransport
@@ -36,6 +37,7 @@ from tritonforge.clients._http import AsyncHttpCall, AsyncHttpTransport, HttpCal
 from tritonforge.clients._models import Chunk, Completion, Message, Request, RequestOverrides
 from tritonforge.clients.exceptions import (
     Cancelled,
+    Forbidden,
     ServerUnavailable,
     StreamConsumed,
     StreamError,
@@ -304,7 +306,9 @@ class Client(BaseClient):
     ``url`` is ``host:port`` (default ``127.0.0.1:8001`` for gRPC, ``:8000`` for HTTP);
     ``model`` the ensemble to call (default: discovered, the one ensemble served);
     ``timeout`` each request's deadline in seconds (``None``: none); ``connect_retries``
-    how often a refused connection is retried before the first response. One client
+    how often a refused connection is retried before the first response; ``admin_key``
+    the server's admin key, sent only to list its models for discovery (default:
+    ``$TRITONFORGE_ADMIN_KEY``). One client
     serves any number of concurrent streams (threads or gevent greenlets).
     """
 
@@ -317,9 +321,11 @@ class Client(BaseClient):
         timeout: float | None = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         connect_retries: int = 2,
+        admin_key: str | None = None,
     ) -> None:
         super().__init__(url, protocol=protocol, model=model, timeout=timeout,
-                         connect_timeout=connect_timeout, connect_retries=connect_retries)
+                         connect_timeout=connect_timeout, connect_retries=connect_retries,
+                         admin_key=admin_key)
         self._transport: GrpcTransport | HttpTransport | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -331,13 +337,18 @@ class Client(BaseClient):
                     raise ServerUnavailable("the client is closed")
                 if self._transport is None:
                     cls = GrpcTransport if self.protocol == "grpc" else HttpTransport
-                    self._transport = cls(self.url, admin_timeout=self.connect_timeout)
+                    self._transport = cls(
+                        self.url, admin_timeout=self.connect_timeout, admin_key=self._admin_key
+                    )
         return self._transport
 
     def _resolve_model(self) -> str:
         if self._model is None:
             t = self._get_transport()
-            ready = [m.name for m in t.index() if m.ready]
+            try:
+                ready = [m.name for m in t.index() if m.ready]
+            except Forbidden as exc:
+                raise discovery_forbidden(exc) from exc
             self._model = pick_ensemble({name: t.platform(name) for name in ready})
         return self._model
 
@@ -397,9 +408,11 @@ class AsyncClient(BaseClient):
         timeout: float | None = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         connect_retries: int = 2,
+        admin_key: str | None = None,
     ) -> None:
         super().__init__(url, protocol=protocol, model=model, timeout=timeout,
-                         connect_timeout=connect_timeout, connect_retries=connect_retries)
+                         connect_timeout=connect_timeout, connect_retries=connect_retries,
+                         admin_key=admin_key)
         self._transport: AsyncGrpcTransport | AsyncHttpTransport | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -411,13 +424,18 @@ class AsyncClient(BaseClient):
                     raise ServerUnavailable("the client is closed")
                 if self._transport is None:
                     cls = AsyncGrpcTransport if self.protocol == "grpc" else AsyncHttpTransport
-                    self._transport = cls(self.url, admin_timeout=self.connect_timeout)
+                    self._transport = cls(
+                        self.url, admin_timeout=self.connect_timeout, admin_key=self._admin_key
+                    )
         return self._transport
 
     async def _resolve_model(self) -> str:
         if self._model is None:
             t = await self._get_transport()
-            ready = [m.name for m in await t.index() if m.ready]
+            try:
+                ready = [m.name for m in await t.index() if m.ready]
+            except Forbidden as exc:
+                raise discovery_forbidden(exc) from exc
             self._model = pick_ensemble({name: await t.platform(name) for name in ready})
         return self._model
 

@@ -46,6 +46,8 @@ def translate(exc: grpc.RpcError) -> TritonForgeError:
     code = code_fn() if callable(code_fn) else None
     details = str((details_fn() if callable(details_fn) else None) or exc)
     if code == grpc.StatusCode.UNAVAILABLE:
+        if "restricted" in details:  # Triton's answer to a restricted protocol
+            return _wire.server_error(details, kind="forbidden")
         return ServerUnavailable(details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Timeout(f"request timed out: {details}")
@@ -64,6 +66,15 @@ def _service() -> tuple[Any, Any]:
     from tritonclient.grpc import service_pb2, service_pb2_grpc  # type: ignore[import-untyped]
 
     return service_pb2, service_pb2_grpc
+
+
+def _admin_metadata(key: str | None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata for Triton's restricted protocols (the repository index)."""
+    if not key:
+        return ()
+    from tritonforge.runtime.server import RESTRICTED_HEADER
+
+    return ((f"triton-grpc-protocol-{RESTRICTED_HEADER}", key),)
 
 
 def _index(pb: Any, reply: Any) -> list[ModelInfo]:
@@ -94,15 +105,16 @@ class GrpcCall:
 class GrpcTransport:
     """Sync gRPC transport on one ``grpc.Channel``."""
 
-    def __init__(self, target: str, *, admin_timeout: float) -> None:
+    def __init__(self, target: str, *, admin_timeout: float, admin_key: str | None = None) -> None:
         self._pb, grpc_mod = _service()
+        self._admin = _admin_metadata(admin_key)
         self._channel = grpc.insecure_channel(target, options=_OPTIONS)
         self._stub = grpc_mod.GRPCInferenceServiceStub(self._channel)
         self._admin_timeout = admin_timeout
 
-    def _unary(self, fn: Callable[..., _T], *args: Any) -> _T:
+    def _unary(self, fn: Callable[..., _T], *args: Any, **kw: Any) -> _T:
         try:
-            return fn(*args, timeout=self._admin_timeout)
+            return fn(*args, timeout=self._admin_timeout, **kw)
         except grpc.RpcError as exc:
             raise translate(exc) from exc
 
@@ -114,7 +126,9 @@ class GrpcTransport:
         return GrpcCall(call)
 
     def index(self) -> list[ModelInfo]:
-        reply = self._unary(self._stub.RepositoryIndex, self._pb.RepositoryIndexRequest())
+        reply = self._unary(
+            self._stub.RepositoryIndex, self._pb.RepositoryIndexRequest(), metadata=self._admin
+        )
         return _index(self._pb, reply)
 
     def platform(self, model: str) -> str:
@@ -166,15 +180,16 @@ class AsyncGrpcCall:
 class AsyncGrpcTransport:
     """asyncio gRPC transport on one ``grpc.aio.Channel`` (create inside the event loop)."""
 
-    def __init__(self, target: str, *, admin_timeout: float) -> None:
+    def __init__(self, target: str, *, admin_timeout: float, admin_key: str | None = None) -> None:
         self._pb, grpc_mod = _service()
+        self._admin = _admin_metadata(admin_key)
         self._channel = grpc.aio.insecure_channel(target, options=_OPTIONS)
         self._stub = grpc_mod.GRPCInferenceServiceStub(self._channel)
         self._admin_timeout = admin_timeout
 
-    async def _unary(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _unary(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
-            return await fn(*args, timeout=self._admin_timeout)
+            return await fn(*args, timeout=self._admin_timeout, **kw)
         except grpc.RpcError as exc:
             raise translate(exc) from exc
 
@@ -186,7 +201,9 @@ class AsyncGrpcTransport:
         return AsyncGrpcCall(call)
 
     async def index(self) -> list[ModelInfo]:
-        reply = await self._unary(self._stub.RepositoryIndex, self._pb.RepositoryIndexRequest())
+        reply = await self._unary(
+            self._stub.RepositoryIndex, self._pb.RepositoryIndexRequest(), metadata=self._admin
+        )
         return _index(self._pb, reply)
 
     async def platform(self, model: str) -> str:

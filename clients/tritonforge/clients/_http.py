@@ -52,7 +52,7 @@ def error_text(body: str) -> str:
 
 def status_error(status: int, message: str) -> TritonForgeError:
     """The typed error for a non-2xx reply carrying the server's ``message``."""
-    kind = {400: "invalid", 404: "not_found", 503: "unavailable"}.get(status)
+    kind = {400: "invalid", 403: "forbidden", 404: "not_found", 503: "unavailable"}.get(status)
     if kind is None and status >= 500:
         kind = "internal"
     if kind is None:
@@ -101,6 +101,15 @@ def _timeout(total: float | None, connect: float) -> httpx.Timeout:
     return httpx.Timeout(total, connect=connect if total is None else min(connect, total))
 
 
+def _admin_headers(key: str | None) -> dict[str, str]:
+    """HTTP headers for Triton's restricted APIs (the repository index)."""
+    if not key:
+        return {}
+    from tritonforge.runtime.server import RESTRICTED_HEADER
+
+    return {RESTRICTED_HEADER: key}
+
+
 def _index(obj: Any) -> list[ModelInfo]:
     if not isinstance(obj, list):
         raise ProtocolError("repository index reply is not a JSON list")
@@ -141,8 +150,9 @@ class HttpCall:
 class HttpTransport:
     """Sync HTTP transport on one ``httpx.Client``."""
 
-    def __init__(self, base_url: str, *, admin_timeout: float) -> None:
+    def __init__(self, base_url: str, *, admin_timeout: float, admin_key: str | None = None) -> None:
         self._admin_timeout = admin_timeout
+        self._admin = _admin_headers(admin_key)
         self._client = httpx.Client(base_url=base_url, limits=_LIMITS, timeout=admin_timeout)
 
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -165,7 +175,7 @@ class HttpTransport:
         return HttpCall(response)
 
     def index(self) -> list[ModelInfo]:
-        reply = self._call("POST", "/v2/repository/index", json={})
+        reply = self._call("POST", "/v2/repository/index", json={}, headers=self._admin)
         if reply.status_code != 200:
             raise status_error(reply.status_code, error_text(reply.text))
         return _index(reply.json())
@@ -216,8 +226,9 @@ class AsyncHttpCall:
 class AsyncHttpTransport:
     """asyncio HTTP transport on one ``httpx.AsyncClient``."""
 
-    def __init__(self, base_url: str, *, admin_timeout: float) -> None:
+    def __init__(self, base_url: str, *, admin_timeout: float, admin_key: str | None = None) -> None:
         self._admin_timeout = admin_timeout
+        self._admin = _admin_headers(admin_key)
         self._client = httpx.AsyncClient(base_url=base_url, limits=_LIMITS, timeout=admin_timeout)
 
     async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -240,7 +251,7 @@ class AsyncHttpTransport:
         return AsyncHttpCall(response)
 
     async def index(self) -> list[ModelInfo]:
-        reply = await self._call("POST", "/v2/repository/index", json={})
+        reply = await self._call("POST", "/v2/repository/index", json={}, headers=self._admin)
         if reply.status_code != 200:
             raise status_error(reply.status_code, error_text(reply.text))
         return _index(reply.json())

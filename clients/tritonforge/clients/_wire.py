@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from tritonforge import contract
 from tritonforge.clients.exceptions import (
+    Forbidden,
     InvalidRequest,
     ModelNotReady,
     ProtocolError,
@@ -226,6 +227,10 @@ def _event(values: dict[str, list[Any]], *, final: bool) -> Event:
     )
 
 
+_RESTRICTED: Final = re.compile(r"is restricted", re.IGNORECASE)
+# In-stream errors carry no status code. tritonforge's models word internal failures as
+# "<step> failed: <reason>"; refused requests name the bad input instead.
+_INTERNAL: Final = re.compile(r"\bfailed: |internal error", re.IGNORECASE)
 _MODEL_MISSING: Final = re.compile(
     r"unknown model|is not found|not ready|no available versions|is not loaded|unavailable model",
     re.IGNORECASE,
@@ -238,14 +243,16 @@ def server_error(message: str, *, kind: str | None = None) -> TritonForgeError:
     ``kind`` is the transport's status class when there is one: ``"invalid"`` (gRPC
     INVALID_ARGUMENT, HTTP 400), ``"not_found"``, ``"unavailable"``, ``"internal"``; ``None``
     for errors inside a stream (``error_message`` / SSE ``error`` event), which carry no
-    status: by the serving contract those are refused requests unless they name a missing
-    model.
+    status: by the serving contract those are refused requests, unless they name a missing
+    model or read as an internal failure ("<step> failed: ...").
     """
     text = message.strip() or "the server reported an error without a message"
+    if kind == "forbidden" or _RESTRICTED.search(text):
+        return Forbidden(text)
     if kind == "not_found" or _MODEL_MISSING.search(text):
         return ModelNotReady(text)
     if kind == "unavailable":
         return ServerUnavailable(text)
-    if kind == "internal":
+    if kind == "internal" or (kind is None and _INTERNAL.search(text)):
         return ServerError(text)
     return InvalidRequest(text, server_message=text)

@@ -16,6 +16,7 @@ The tree::
     ├── InvalidRequest      the request was refused, by the client-side check or by the
     │                       server (``.server_message`` holds the server's words)
     ├── ServerError         the server failed while handling a valid request
+    ├── Forbidden           the server refused an API it restricts (admin key missing/wrong)
     ├── Cancelled           the request was cancelled (by ``Stream.close()`` from elsewhere,
     │                       or by the server) before it finished
     ├── ProtocolError       a reply broke the serving contract (missing outputs, not SSE, ...)
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "Cancelled",
+    "Forbidden",
     "InvalidRequest",
     "ModelNotReady",
     "ProtocolError",
@@ -73,6 +75,11 @@ class InvalidRequest(TritonForgeError):
 
 class ServerError(TritonForgeError):
     """The server failed while handling the request (an internal error, not the request's fault)."""
+
+
+class Forbidden(TritonForgeError):
+    """The server restricts this API (e.g. the repository index) and the admin key was missing
+    or wrong (Triton's ``--http-restricted-api`` / ``--grpc-restricted-protocol``)."""
 
 
 class Cancelled(TritonForgeError):
