@@ -247,6 +247,7 @@ class _Live:
     tokens: int
     started: bool = False
     cancelled: bool = False
+    task: asyncio.Task[None] | None = None
 
 
 class VllmEngineRunner:
@@ -387,11 +388,13 @@ class VllmEngineRunner:
                     live.cancelled = True
                     with contextlib.suppress(Exception):
                         await self._engine.abort(live.vllm_id)
+                    if live.task is not None:
+                        live.task.cancel()  # wake the request's coroutine wherever it waits
 
     async def _serve(self, req: EngineRequest, responder: Responder) -> None:
         key = next(self._ids)
         vllm_id = f"tf-{os.getpid()}-{key}"
-        live = _Live(vllm_id, responder, len(req.input_ids))
+        live = _Live(vllm_id, responder, len(req.input_ids), task=asyncio.current_task())
         self._live[key] = live
         self._update_gauges()
         arrived = time.monotonic()
@@ -479,7 +482,8 @@ class VllmEngineRunner:
             finish = FinishReason.CANCELLED.value
             with contextlib.suppress(Exception):
                 responder.send_error("request cancelled", invalid=False, cancelled=True)
-            raise
+            if not live.cancelled:  # the runner is shutting down, not a client cancel
+                raise
         except Exception as exc:  # engine failure: answer, keep serving
             log.exception("engine request failed")
             finish = "error"

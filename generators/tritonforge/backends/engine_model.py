@@ -123,3 +123,6 @@ class TritonPythonModel:
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.shutdown()
+            close = getattr(runner.metrics, "close", None)
+            if close is not None:
+                close()  # flush, then release metrics before their families (Triton's rule)

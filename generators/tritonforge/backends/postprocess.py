@@ -73,9 +73,10 @@ class Postprocessor:
         ids_arr = inputs["output_ids"]
         assert ids_arr is not None
         lengths = inputs.get("sequence_length")
-        ids = ids_arr.reshape(-1) if ids_arr.ndim <= 1 else ids_arr.reshape(-1, ids_arr.shape[-1])[0]
-        n = int(_scalar(lengths, len(ids)))
-        ids = [int(t) for t in ids[: max(0, min(n, len(ids)))]]
+        while ids_arr.ndim > 1:  # [batch, beam, tokens] -> first beam of the one sequence
+            ids_arr = ids_arr[0]
+        n = int(_scalar(lengths, len(ids_arr)))
+        ids = [int(t) for t in ids_arr[: max(0, min(n, len(ids_arr)))]]
         hit_end = bool(ids) and self.end_id is not None and ids[-1] == self.end_id
         if hit_end:  # the C++ backend leaves end_id out; an engine that includes it is trimmed
             ids = ids[:-1]

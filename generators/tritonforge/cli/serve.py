@@ -1,9 +1,247 @@
-"""`tritonforge serve` and `tritonforge doctor`."""
+"""`tritonforge serve`: prepare the model, start a real tritonserver, stream a first answer.
+
+Parse -> build the repository (from a spec, a folder, or the default) -> prepare the models
+it names -> start the server -> wait until ready -> (optionally) stream an answer -> serve
+until Ctrl-C / SIGTERM, then stop everything (the server's whole process group).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+
+__all__ = ["serve", "register", "default_repository", "model_references"]
+
+_MODEL_PARAM = re.compile(r'key:\s*"tritonforge_(?:model|tokenizer)"\s*value\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    from rich.markup import escape
+
+    _console(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
+    return typer.Exit(code)
+
+
+def default_repository() -> Path:
+    """The checked-in default repository (a source checkout) or the one packaged in the wheel."""
+    from tritonforge.runtime.paths import source_root
+
+    root = source_root()
+    if root is not None and (root / "model_repository").is_dir():
+        return root / "model_repository"
+    packaged = Path(__file__).resolve().parents[1] / "_data" / "model_repository"
+    if packaged.is_dir():
+        return packaged
+    raise _fail("no default model repository found; pass a SPEC or --repo DIR", 2)
+
+
+def model_references(repo: Path) -> list[str]:
+    """Model references (``tritonforge_model`` / ``tritonforge_tokenizer``) the repository uses."""
+    refs: set[str] = set()
+    for cfg in sorted(repo.glob("*/config.pbtxt")):
+        for m in _MODEL_PARAM.finditer(cfg.read_text(errors="replace")):
+            refs.add(m.group(1).encode().decode("unicode_escape"))
+    return sorted(refs)
+
+
+def _repository_from_spec(spec_path: Path) -> Path:
+    from tritonforge.render.renderer import render_files
+    from tritonforge.render.write import ValidationFailed, write_repository
+    from tritonforge.runtime.paths import cache_dir
+    from tritonforge.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        from rich.markup import escape
+
+        con = _console(stderr=True)
+        con.print(f"[bold red]error:[/] invalid spec {escape(str(spec_path))}")
+        for line in exc.problems:
+            con.print(f"  - {escape(line)}")
+        raise typer.Exit(2) from None
+    files = render_files(spec)
+    digest = hashlib.sha256(b"".join(k.encode() + v for k, v in sorted(files.items()))).hexdigest()[:12]
+    out = cache_dir() / "repositories" / f"{spec.name}-{digest}"
+    if not out.is_dir():
+        try:
+            write_repository(out, files)
+        except ValidationFailed as exc:
+            raise _fail("the rendered repository failed validation:\n" + "\n".join(map(str, exc.problems))) from None
+    return out
+
+
+def _served_model(repo: Path) -> str | None:
+    for cfg in sorted(repo.glob("*/config.pbtxt")):
+        if 'platform: "ensemble"' in cfg.read_text(errors="replace"):
+            return cfg.parent.name
+    return None
+
+
+def serve(
+    spec: Annotated[
+        Path | None,
+        typer.Argument(help="Deployment spec (YAML) to generate and serve. Default: the "
+                       "checked-in default repository (SmolLM2 on vLLM, CPU).", show_default=False),
+    ] = None,
+    repo: Annotated[
+        Path | None, typer.Option("--repo", help="Serve this model repository folder as it is.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to bind. Loopback unless you say otherwise.")] = "127.0.0.1",
+    http_port: Annotated[int, typer.Option(help="HTTP port (KServe v2 + generate).")] = 8000,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port.")] = 8002,
+    log_file: Annotated[
+        Path | None, typer.Option(help="Server log file (default: in the cache folder).")
+    ] = None,
+    ask: Annotated[
+        str | None,
+        typer.Option(help="Once ready, stream the answer to this chat message, then keep serving."),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="max_tokens for --ask.")] = 128,
+    exit_after_ask: Annotated[
+        bool, typer.Option("--exit-after-ask", help="Stop the server after answering --ask.")
+    ] = False,
+    restrict_admin: Annotated[
+        bool,
+        typer.Option(
+            "--restrict-admin/--open-admin",
+            help="Close Triton's model-repository, statistics, trace, logging and shared-memory "
+            "APIs unless the request carries header admin-key: $TRITONFORGE_ADMIN_KEY "
+            "(a random key is generated and printed when unset).",
+        ),
+    ] = True,
+    ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 600.0,
+) -> None:
+    """Serve a model with a real tritonserver (the bundled one, or one on PATH)."""
+    from rich.markup import escape
+
+    from tritonforge.runtime.models import ModelError, resolve_model
+    from tritonforge.runtime.server import ServerError, ServerOptions, TritonServer
+
+    con = _console()
+    if spec is not None and repo is not None:
+        raise _fail("give either SPEC or --repo, not both", 2)
+    if spec is not None:
+        if not spec.is_file():
+            raise _fail(f"spec {spec} does not exist", 2)
+        repository = _repository_from_spec(spec)
+    elif repo is not None:
+        if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
+            raise _fail(f"{repo} is not a model repository (no */config.pbtxt)", 2)
+        repository = repo.resolve()
+    else:
+        repository = default_repository()
+    for port in (http_port, grpc_port, metrics_port):
+        if not 0 < port < 65536:
+            raise _fail(f"port {port} is out of range (1-65535)", 2)
+
+    started = time.monotonic()
+    for ref in model_references(repository):
+        with con.status(f"preparing model {escape(ref)} (once; cached afterwards)") as status:
+            try:
+                path = resolve_model(ref, progress=lambda msg: status.update(f"{escape(ref)}: {escape(msg)}"))
+            except ModelError as exc:
+                raise _fail(str(exc), 2) from None
+        con.print(f"model {escape(ref)} -> {escape(str(path))}")
+
+    options = ServerOptions(
+        repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
+        metrics_port=metrics_port, log_file=log_file, restrict_admin=restrict_admin,
+    )
+    try:
+        server = TritonServer(options)
+    except ServerError as exc:
+        raise _fail(str(exc)) from None
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            server.start()
+        except ServerError as exc:
+            raise _fail(str(exc)) from None
+        con.print(f"tritonserver {escape(str(server.install.binary))}\n  repository {escape(str(repository))}\n"
+                  f"  log {escape(str(server.log_file))}")
+        with con.status("starting tritonserver (the engine loads in ~20-60 s on CPU)") as status:
+            try:
+                waited = server.wait_ready(
+                    ready_timeout,
+                    on_tick=lambda s: _tick(status, s, stop),
+                )
+            except (ServerError, KeyboardInterrupt) as exc:
+                server.stop()
+                if stop.is_set():
+                    raise typer.Exit(130) from None
+                raise _fail(str(exc)) from None
+        model = _served_model(repository)
+        con.print(f"[bold green]ready[/] in {waited:.1f} s (total {time.monotonic() - started:.1f} s): "
+                  f"HTTP {options.http_url}  gRPC {options.grpc_url}  metrics {options.metrics_url}"
+                  + (f"  model [bold]{escape(model)}[/]" if model else ""))
+        if restrict_admin and server.admin_key:
+            con.print(f"admin APIs need header [bold]admin-key: {escape(server.admin_key)}[/] "
+                      "(set TRITONFORGE_ADMIN_KEY to choose it)")
+        if ask and model:
+            _ask(options.grpc_url, model, ask, max_tokens)
+            if exit_after_ask:
+                stop.set()
+        if not stop.is_set():
+            con.print("serving; Ctrl-C to stop")
+        while not stop.is_set():
+            if server.process is None or server.process.poll() is not None:
+                raise _fail(f"tritonserver exited unexpectedly.\n{server.log_tail()}")
+            stop.wait(0.5)
+    finally:
+        code = server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    con.print(f"stopped (exit code {code})")
+
+
+def _tick(status: Any, seconds: float, stop: threading.Event) -> None:
+    if stop.is_set():
+        raise KeyboardInterrupt
+    status.update(f"starting tritonserver ... {seconds:.0f} s")
+
+
+def _ask(url: str, model: str, prompt: str, max_tokens: int) -> None:
+    from tritonforge.clients import Client, TritonForgeError
+
+    con = _console()
+    con.print(f"[bold]> {prompt}[/]")
+    try:
+        with Client(url, model=model) as client, client.stream(
+            messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens
+        ) as stream:
+            for chunk in stream:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+            done = stream.completion
+        sys.stdout.write("\n")
+        ttft = f"{done.ttft * 1000:.0f} ms" if done.ttft is not None else "-"
+        con.print(f"[dim]{done.completion_tokens} tokens, TTFT {ttft}, "
+                  f"finish {done.finish_reason.value or '-'}[/]")
+    except TritonForgeError as exc:
+        _console(stderr=True).print(f"[bold red]error:[/] {exc}")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("serve")(serve)

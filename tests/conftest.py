@@ -1,0 +1,104 @@
+"""Shared fixtures: ONE real tritonserver (bundled in nvidia-pytriton) serving the default
+repository (model_repository/: SmolLM2-135M-Instruct on vLLM, CPU) per test session.
+
+Set TRITONFORGE_TEST_SERVER="http=H:P,grpc=H:P,metrics=H:P,model=NAME" to reuse a server
+that is already running (handy while developing); TRITONFORGE_ADMIN_KEY then gives its admin
+key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_REPO = ROOT / "model_repository"
+DEFAULT_SPEC = ROOT / "deployments" / "default.yaml"
+
+
+@dataclass
+class ServerHandle:
+    http_url: str
+    grpc_url: str
+    metrics_url: str
+    model: str
+    repo: Path
+    admin_key: str | None
+    log_file: Path | None = None
+    server: object | None = None  # tritonforge.runtime.server.TritonServer when started here
+
+    @property
+    def engine_model(self) -> str:
+        return "vllm_engine"
+
+
+def _default_model_name() -> str:
+    from tritonforge.contract import MODEL_VLLM_ENGINE
+
+    for cfg in sorted(DEFAULT_REPO.glob("*/config.pbtxt")):
+        if 'platform: "ensemble"' in cfg.read_text():
+            return cfg.parent.name
+    raise RuntimeError(f"no ensemble in {DEFAULT_REPO} (engine {MODEL_VLLM_ENGINE})")
+
+
+def start_server(repo: Path, *, log_name: str) -> tuple[object, ServerHandle]:
+    """Start a real tritonserver on free loopback ports and wait until it is ready."""
+    from tritonforge.runtime.models import resolve_model
+    from tritonforge.runtime.paths import cache_dir
+    from tritonforge.runtime.server import ServerOptions, TritonServer, free_port
+
+    resolve_model("package:smollm2-135m-instruct")  # prepared once, cached
+    log = cache_dir() / "logs" / f"{log_name}-{os.getpid()}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    opts = ServerOptions(
+        repository=repo,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        log_file=log,
+    )
+    server = TritonServer(opts)
+    server.start()
+    try:
+        server.wait_ready(timeout=600)
+    except Exception:
+        server.stop()
+        raise
+    handle = ServerHandle(
+        http_url=opts.http_url,
+        grpc_url=opts.grpc_url,
+        metrics_url=opts.metrics_url,
+        model="",
+        repo=repo,
+        admin_key=server.admin_key,
+        log_file=log,
+        server=server,
+    )
+    return server, handle
+
+
+@pytest.fixture(scope="session")
+def triton_server() -> Iterator[ServerHandle]:
+    reuse = os.environ.get("TRITONFORGE_TEST_SERVER")
+    if reuse:
+        parts = dict(p.split("=", 1) for p in reuse.split(","))
+        yield ServerHandle(
+            http_url=parts["http"],
+            grpc_url=parts["grpc"],
+            metrics_url=parts["metrics"],
+            model=parts.get("model") or _default_model_name(),
+            repo=DEFAULT_REPO,
+            admin_key=os.environ.get("TRITONFORGE_ADMIN_KEY"),
+        )
+        return
+    server, handle = start_server(DEFAULT_REPO, log_name="test-server")
+    handle.model = _default_model_name()
+    try:
+        yield handle
+    finally:
+        server.stop()  # type: ignore[attr-defined]
