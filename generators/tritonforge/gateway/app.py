@@ -1,0 +1,342 @@
+"""The OpenAI-compatible ASGI app: ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``, ``/metrics``, ``/health``, over the typed async client.
+
+One :class:`~tritonforge.clients.AsyncClient` (one gRPC channel or HTTP pool) serves every
+request. A generation runs in its own task next to a watcher of the client connection:
+when the client goes away, the task is cancelled, which leaves the client's ``async with
+stream`` block and so cancels the request on Triton. Errors before the first byte are
+answered with their HTTP status in OpenAI's shape; a failure after a stream's 200 header
+is sent as a last ``data: {"error": ...}`` event followed by ``data: [DONE]``.
+
+Requests are not pre-checked by the client: Triton's preprocessing model runs the
+contract's checks (plus those only the server can make, such as the context length) and
+its INVALID_ARG message is passed through as a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from tritonforge.clients import (
+    AsyncClient,
+    AsyncStream,
+    Cancelled,
+    Completion,
+    FinishReason,
+    Forbidden,
+    InvalidRequest,
+    ModelNotReady,
+    ProtocolError,
+    Request,
+    ServerUnavailable,
+    Timeout,
+    TritonForgeError,
+)
+from tritonforge.clients._base import DEFAULT_TIMEOUT, Protocol
+from tritonforge.gateway import protocol as oai
+from tritonforge.gateway.metrics import CLIENT_CLOSED, CONTENT_TYPE, GatewayMetrics
+
+__all__ = ["API_KEY_ENV", "GatewayConfig", "create_app", "translate"]
+
+API_KEY_ENV: Final = "TRITONFORGE_OPENAI_API_KEY"
+CHAT: Final = "/v1/chat/completions"
+COMPLETIONS: Final = "/v1/completions"
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_DONE: Final = b"data: [DONE]\n\n"
+_ENSEMBLE_PREFIX: Final = re.compile(r"^in ensemble '[^']*', ")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """How the gateway reaches Triton and whom it serves."""
+
+    triton_url: str = "127.0.0.1:8001"
+    """Triton's gRPC ``host:port`` (or its HTTP one with ``protocol="http"``)."""
+    protocol: Protocol = "grpc"
+    """Transport to Triton: ``grpc`` (default) or ``http``."""
+    model: str | None = None
+    """The Triton ensemble to serve, also its OpenAI model id (default: the one ensemble served)."""
+    api_key: str | None = None
+    """Bearer key clients must send (``Authorization: Bearer ...``); ``None`` disables the check."""
+    timeout: float | None = DEFAULT_TIMEOUT
+    """Whole-request deadline in seconds (``None``: none)."""
+    admin_key: str | None = None
+    """Triton's admin key, only needed to discover the model (default ``$TRITONFORGE_ADMIN_KEY``)."""
+
+
+def translate(exc: TritonForgeError) -> oai.ApiError:
+    """The OpenAI-shaped error (and HTTP status) for a client error."""
+    if isinstance(exc, InvalidRequest):
+        message = exc.server_message or str(exc)
+        return oai.ApiError(400, message, param=oai.guess_param(_ENSEMBLE_PREFIX.sub("", message)))
+    if isinstance(exc, (ServerUnavailable, ModelNotReady, Forbidden, Cancelled)):
+        code = "model_not_ready" if isinstance(exc, ModelNotReady) else "triton_unavailable"
+        return oai.ApiError(503, f"Triton is not serving the model: {exc}", "server_error", code=code)
+    if isinstance(exc, Timeout):
+        return oai.ApiError(504, str(exc), "server_error", code="timeout")
+    if isinstance(exc, ProtocolError):
+        return oai.ApiError(502, f"Triton's reply broke the serving contract: {exc}", "server_error")
+    return oai.ApiError(500, f"Triton failed to answer: {exc}", "server_error")
+
+
+def _error_response(err: oai.ApiError) -> JSONResponse:
+    headers = {"www-authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _send_json(send: Send, status: int, body: Any) -> None:
+    raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(raw)).encode())]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+def _event(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+# ======================================================================================
+class _Gateway:
+    """State shared by the routes: config, Triton client (made in the loop), metrics."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.client: AsyncClient | None = None
+        self.created = int(time.time())
+
+    def start(self) -> None:
+        c = self.config
+        self.client = AsyncClient(c.triton_url, protocol=c.protocol, model=c.model,
+                                  timeout=c.timeout, admin_key=c.admin_key)
+        # The server is the one authority on validity (see the module docstring).
+        self.client._check_requests = False
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def model_name(self) -> str:
+        """The served model's name (discovered once from Triton when not configured)."""
+        assert self.client is not None
+        if self.client.model is None:
+            await self.client.ready()  # discovers the one ensemble
+        assert self.client.model is not None
+        return self.client.model
+
+    def authorize(self, request: HttpRequest) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise oai.ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+
+
+class _Generation:
+    """The answer to one generation request, as an ASGI response (see the module docstring)."""
+
+    def __init__(self, gw: _Gateway, endpoint: str, received: float, request: Request, model: str,
+                 stream: bool, include_usage: bool) -> None:
+        self.gw = gw
+        self.endpoint = endpoint
+        self.received = received
+        self.request = request
+        self.model = model
+        self.stream = stream
+        self.include_usage = include_usage
+        self.rid = request.request_id or oai.new_id("cmpl")
+        self.created = int(time.time())
+        self.chat = endpoint == CHAT
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        work = asyncio.ensure_future(self._answer(send))
+        watch = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            watch.cancel()
+            raise
+        if work in done:
+            watch.cancel()
+            work.result()
+            return
+        work.cancel()  # the client went away: leaving the stream cancels the Triton request
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+
+    async def _answer(self, send: Send) -> None:
+        m = self.gw.metrics
+        assert self.gw.client is not None
+        status = CLIENT_CLOSED
+        m.in_flight.labels(self.endpoint).inc()
+        try:
+            try:
+                async with self.gw.client.stream(self.request) as s:
+                    if self.stream:
+                        status = await self._sse(s, send)
+                    else:
+                        status = await self._json(s, send)
+            except TritonForgeError as exc:  # nothing sent yet
+                err = translate(exc)
+                status = err.status
+                await _send_json(send, err.status, err.body())
+        finally:
+            m.in_flight.labels(self.endpoint).dec()
+            m.finished(self.endpoint, status, time.perf_counter() - self.received)
+
+    async def _json(self, s: AsyncStream, send: Send) -> int:
+        async for _ in s:
+            pass
+        c = s.completion
+        self._count(c)
+        build = oai.chat_response if self.chat else oai.completion_response
+        await _send_json(send, 200, build(self.rid, self.created, self.model, c.text, c.finish_reason,
+                                          c.prompt_tokens, c.completion_tokens))
+        return 200
+
+    async def _sse(self, s: AsyncStream, send: Send) -> int:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        status = 200
+        try:
+            async for piece in self._events(s):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        except TritonForgeError as exc:
+            err = translate(exc)
+            status = err.status
+            await send({"type": "http.response.body", "body": _event(err.body()) + _DONE, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return status
+
+    async def _events(self, s: AsyncStream) -> AsyncIterator[bytes]:
+        rid, created, model, usage_null = self.rid, self.created, self.model, self.include_usage
+        first = True
+        async for chunk in s:
+            finish = chunk.finish_reason if chunk.finish_reason is not FinishReason.NONE else None
+            if not chunk.text and finish is None:
+                continue  # tokens that do not make a whole character yet
+            if first:
+                first = False
+                self.gw.metrics.ttft.labels(self.endpoint).observe(time.perf_counter() - self.received)
+                if self.chat:
+                    yield _event(oai.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
+                                                include_usage=usage_null))
+            if self.chat:
+                delta = {"content": chunk.text} if chunk.text else {}
+                yield _event(oai.chat_chunk(rid, created, model, delta, finish, include_usage=usage_null))
+            else:
+                yield _event(oai.completion_chunk(rid, created, model, chunk.text, finish,
+                                                  include_usage=usage_null))
+        c = s.completion
+        self._count(c)
+        if self.include_usage:
+            obj = "chat.completion.chunk" if self.chat else "text_completion"
+            yield _event(oai.usage_chunk(obj, rid, created, model,
+                                         oai.usage(c.prompt_tokens, c.completion_tokens)))
+        yield _DONE
+
+    def _count(self, c: Completion) -> None:
+        self.gw.metrics.tokens(self.endpoint, c.prompt_tokens, c.completion_tokens)
+
+
+# ======================================================================================
+def create_app(config: GatewayConfig | None = None) -> Starlette:
+    """The gateway as an ASGI app (serve it with uvicorn; the Triton client is made at startup)."""
+    gw = _Gateway(config or GatewayConfig())
+
+    def guarded(endpoint: str, handler: Callable[[HttpRequest, float], Awaitable[Response | _Generation]]
+                ) -> Callable[[HttpRequest], Awaitable[Any]]:
+        async def route(request: HttpRequest) -> Any:
+            received = time.perf_counter()
+            try:
+                gw.authorize(request)
+                return await handler(request, received)
+            except oai.ApiError as err:
+                gw.metrics.finished(endpoint, err.status, time.perf_counter() - received)
+                return _error_response(err)
+            except TritonForgeError as exc:
+                err = translate(exc)
+                gw.metrics.finished(endpoint, err.status, time.perf_counter() - received)
+                return _error_response(err)
+        return route
+
+    async def _body(request: HttpRequest) -> Any:
+        try:
+            return json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise oai.ApiError(400, f"the request body is not valid JSON: {exc}") from None
+
+    async def generation(endpoint: str, request: HttpRequest, received: float) -> _Generation:
+        kind = oai.ChatCompletionRequest if endpoint == CHAT else oai.CompletionRequest
+        body = oai.parse(kind, await _body(request))
+        served = await gw.model_name()
+        if body.model != served:
+            raise oai.ApiError(404, f"The model '{body.model}' does not exist; this server serves '{served}'",
+                               param="model", code="model_not_found")
+        prefix = "chatcmpl" if endpoint == CHAT else "cmpl"
+        req = body.to_request().replace(request_id=oai.new_id(prefix), stream=bool(body.stream))
+        return _Generation(gw, endpoint, received, req, served, bool(body.stream), body.include_usage)
+
+    async def chat(request: HttpRequest, received: float) -> _Generation:
+        return await generation(CHAT, request, received)
+
+    async def completions(request: HttpRequest, received: float) -> _Generation:
+        return await generation(COMPLETIONS, request, received)
+
+    async def models(request: HttpRequest, received: float) -> Response:
+        name = await gw.model_name()
+        gw.metrics.finished("/v1/models", 200, time.perf_counter() - received)
+        return JSONResponse({"object": "list", "data": [oai.model_card(name, gw.created)]})
+
+    async def metrics(request: HttpRequest) -> Response:
+        return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    async def health(request: HttpRequest) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        gw.start()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = Starlette(
+        routes=[
+            Route(CHAT, guarded(CHAT, chat), methods=["POST"]),
+            Route(COMPLETIONS, guarded(COMPLETIONS, completions), methods=["POST"]),
+            Route("/v1/models", guarded("/v1/models", models), methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.gateway = gw
+    return app

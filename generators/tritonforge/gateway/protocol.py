@@ -1,0 +1,333 @@
+"""The OpenAI wire models the gateway speaks (requests parsed, responses built; no I/O).
+
+Requests are pydantic models that ignore fields they do not know (SDKs send extras such as
+``user``) and refuse what the gateway cannot honour (``n > 1``, ``logprobs``, ``echo``...)
+with an :class:`ApiError` naming the parameter. :meth:`ChatCompletionRequest.to_request`
+and :meth:`CompletionRequest.to_request` turn them into the typed client's
+:class:`~tritonforge.clients.Request`; every sampling bound is then checked by the
+contract (the same check the server runs), not restated here.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tritonforge.clients import FinishReason, Request
+
+__all__ = [
+    "ApiError",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "ErrorType",
+    "StreamOptions",
+    "chat_chunk",
+    "chat_response",
+    "completion_chunk",
+    "completion_response",
+    "error_body",
+    "guess_param",
+    "model_card",
+    "new_id",
+    "parse",
+    "usage",
+    "usage_chunk",
+]
+
+ErrorType = Literal[
+    "invalid_request_error",
+    "authentication_error",
+    "not_found_error",
+    "server_error",
+    "service_unavailable",
+    "timeout",
+]
+OWNER: Final = "tritonforge"
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: ErrorType = "invalid_request_error",
+        *,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error reply (also sent as a stream's last event)."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+_PARAM: Final = re.compile(r"^\s*([a-z_]+)(?=[\[\.: ])")
+_REQUEST_PARAMS: Final = {
+    "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_tokens", "seed",
+    "stop", "stop_words", "presence_penalty", "frequency_penalty", "repetition_penalty", "n",
+}
+
+
+def guess_param(message: str) -> str | None:
+    """The request parameter a validation message starts with ("max_tokens must be ...")."""
+    m = _PARAM.match(message)
+    if m is None or m.group(1) not in _REQUEST_PARAMS:
+        return None
+    return "stop" if m.group(1) == "stop_words" else m.group(1)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+# ======================================================================================
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk carrying the usage."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints (OpenAI names; vLLM's extensions where noted)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: Any = None
+    # vLLM's extensions (its benchmark client sends ignore_eos).
+    top_k: int | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+
+    def _refuse_unsupported(self) -> None:
+        if self.n is not None and self.n != 1:
+            raise ApiError(400, f"n must be 1 (one choice per request); got {self.n}", param="n")
+        if self.logprobs not in (None, False, 0):
+            raise ApiError(400, "logprobs are not supported by this server", param="logprobs")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
+
+    def _sampling(self, max_tokens: int | None) -> dict[str, Any]:
+        min_tokens = self.min_tokens
+        if self.ignore_eos:
+            if max_tokens is None:
+                raise ApiError(400, "ignore_eos needs max_tokens (generate exactly that many tokens)",
+                               param="ignore_eos")
+            min_tokens = max_tokens
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        return {
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_tokens": min_tokens,
+            "seed": self.seed,
+            "stop": stop or None,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+        }
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+    def to_request(self) -> Request:
+        self._refuse_unsupported()
+        if self.max_tokens is not None and self.max_completion_tokens is not None \
+                and self.max_tokens != self.max_completion_tokens:
+            raise ApiError(400, "give max_completion_tokens or max_tokens, not both",
+                           param="max_completion_tokens")
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return Request(messages=[_message(i, m) for i, m in enumerate(self.messages)],
+                       **self._sampling(limit))
+
+
+def _message(index: int, msg: dict[str, Any]) -> dict[str, str]:
+    """One chat message with its content as plain text (text parts are joined)."""
+    content = msg.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"messages[{index}].content: only text parts are supported",
+                               param="messages")
+            texts.append(part["text"])
+        content = "".join(texts)
+    elif content is None:
+        content = ""
+    out: dict[str, str] = {"role": msg.get("role"), "content": content}  # type: ignore[dict-item]
+    if isinstance(msg.get("name"), str):
+        out["name"] = msg["name"]
+    return out
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions`` (one text prompt)."""
+
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def to_request(self) -> Request:
+        self._refuse_unsupported()
+        if self.echo:
+            raise ApiError(400, "echo is not supported by this server", param="echo")
+        if self.suffix:
+            raise ApiError(400, "suffix is not supported by this server", param="suffix")
+        if self.best_of is not None and self.best_of != 1:
+            raise ApiError(400, f"best_of must be 1; got {self.best_of}", param="best_of")
+        prompt = self.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1 or not isinstance(prompt[0], str):
+                raise ApiError(400, "prompt must be one string (batches and token ids are not supported)",
+                               param="prompt")
+            prompt = prompt[0]
+        return Request(prompt=prompt, **self._sampling(self.max_tokens))
+
+
+def parse(model: type[_Sampling], body: Any) -> Any:
+    """Validate a JSON body into ``model``; an :class:`ApiError` naming the field otherwise."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ApiError(400, f"{loc}: {err['msg']}", param=str(err["loc"][0]) if err["loc"] else None) from None
+
+
+# ======================================================================================
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _finish(reason: FinishReason) -> str | None:
+    # A cancelled request never reaches its reader, so only stop/length appear.
+    return reason.value or None
+
+
+def chat_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
+                  prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": _finish(finish),
+        }],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict[str, str], finish: FinishReason | None = None,
+               *, include_usage: bool = False) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` (``usage: null`` on each when usage comes last)."""
+    out: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": None if finish is None else _finish(finish),
+        }],
+    }
+    if include_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(obj: str, rid: str, created: int, model: str, use: dict[str, int]) -> dict[str, Any]:
+    """The last chunk when ``stream_options.include_usage``: no choices, the whole usage."""
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
+
+
+def completion_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
+                        prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish)}],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str, finish: FinishReason | None = None,
+                     *, include_usage: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": None if finish is None else _finish(finish),
+        }],
+    }
+    if include_usage:
+        out["usage"] = None
+    return out
+
+
+def model_card(name: str, created: int | None = None) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` (``root`` is read by vLLM's benchmark client)."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(time.time()) if created is None else created,
+        "owned_by": OWNER,
+        "root": name,
+        "parent": None,
+    }
