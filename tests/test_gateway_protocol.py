@@ -1,0 +1,159 @@
+"""The gateway without a Triton server: request mapping, refusals, error shapes and codes,
+API key, the CLI's user errors. (Everything that generates text is in test_gateway_server.)"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+from tritonforge.cli import app as cli_app
+from tritonforge.cli import gateway as cli_gateway
+from tritonforge.gateway import API_KEY_ENV, GatewayConfig, create_app
+from tritonforge.gateway import protocol as oai
+from typer.testing import CliRunner
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def client() -> Iterator[TestClient]:
+    """A gateway whose Triton is a closed port (nothing there): only refusals and 503s."""
+    cfg = GatewayConfig(triton_url=f"127.0.0.1:{_closed_port()}", model="m", api_key="sekret")
+    with TestClient(create_app(cfg), headers={"authorization": "Bearer sekret"}) as c:
+        yield c
+
+
+def _error(reply: Any, status: int) -> dict[str, Any]:
+    assert reply.status_code == status, reply.text
+    body = reply.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return dict(body["error"])
+
+
+# ----------------------------------------------------------------------------- mapping
+def test_chat_maps_to_a_typed_request() -> None:
+    body = oai.parse(oai.ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "system", "content": "be brief"},
+                                   {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                {"type": "text", "text": "b"}]}],
+        "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "stop": "END", "seed": 3,
+        "user": "ignored", "n": 1,
+    })
+    req = body.to_request()
+    assert req.messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"})
+    assert (req.max_tokens, req.temperature, req.top_p, req.stop, req.seed) == (7, 0.5, 0.9, ("END",), 3)
+    assert req.min_tokens is None and req.prompt is None
+
+
+def test_completion_maps_prompt_and_ignore_eos() -> None:
+    req = oai.parse(oai.CompletionRequest, {"model": "m", "prompt": ["once"], "max_tokens": 9,
+                                            "ignore_eos": True, "stop": ["a", "b"]}).to_request()
+    assert (req.prompt, req.max_tokens, req.min_tokens, req.stop) == ("once", 9, 9, ("a", "b"))
+    assert oai.parse(oai.CompletionRequest, {"model": "m", "prompt": "x"}).to_request().max_tokens is None
+
+
+@pytest.mark.parametrize(("kind", "body", "param"), [
+    (oai.ChatCompletionRequest, {"messages": CHAT, "n": 2}, "n"),
+    (oai.ChatCompletionRequest, {"messages": CHAT, "logprobs": True}, "logprobs"),
+    (oai.ChatCompletionRequest, {"messages": CHAT, "max_tokens": 3, "max_completion_tokens": 4},
+     "max_completion_tokens"),
+    (oai.ChatCompletionRequest, {"messages": CHAT, "ignore_eos": True}, "ignore_eos"),
+    (oai.ChatCompletionRequest, {"messages": CHAT, "stream_options": {"include_usage": True}},
+     "stream_options"),
+    (oai.ChatCompletionRequest,
+     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages"),
+    (oai.CompletionRequest, {"prompt": ["a", "b"]}, "prompt"),
+    (oai.CompletionRequest, {"prompt": [1, 2, 3]}, "prompt"),
+    (oai.CompletionRequest, {"prompt": "a", "echo": True}, "echo"),
+    (oai.CompletionRequest, {"prompt": "a", "best_of": 3}, "best_of"),
+])
+def test_unsupported_requests_are_refused_naming_the_parameter(kind: Any, body: dict[str, Any],
+                                                               param: str) -> None:
+    with pytest.raises(oai.ApiError) as exc:
+        oai.parse(kind, {"model": "m", **body}).to_request()
+    assert exc.value.status == 400 and exc.value.param == param
+
+
+def test_type_errors_name_the_field() -> None:
+    with pytest.raises(oai.ApiError) as exc:
+        oai.parse(oai.ChatCompletionRequest, {"model": "m", "messages": CHAT, "max_tokens": "many"})
+    assert exc.value.param == "max_tokens" and "max_tokens" in exc.value.message
+    with pytest.raises(oai.ApiError) as exc:
+        oai.parse(oai.ChatCompletionRequest, {"model": "m"})
+    assert exc.value.param == "messages"
+
+
+@pytest.mark.parametrize(("message", "param"), [
+    ("max_tokens must be an integer in [1, 1048576]; got 0", "max_tokens"),
+    ("max_tokens (5000) + the prompt (1 tokens) exceeds the model's context", "max_tokens"),
+    ("messages[0].role must be one of system, user; got 'x'", "messages"),
+    ("stop_words must be a list of strings; got 3", "stop"),
+    ("something else broke", None),
+])
+def test_guess_param(message: str, param: str | None) -> None:
+    assert oai.guess_param(message) == param
+
+
+def test_cli_and_app_agree_on_the_api_key_variable() -> None:
+    assert cli_gateway.API_KEY_ENV == API_KEY_ENV
+
+
+# ----------------------------------------------------------------------------- over HTTP
+def test_api_key_is_enforced(client: TestClient) -> None:
+    for headers in ({"authorization": ""}, {"authorization": "Bearer wrong"}, {"authorization": "Basic sekret"}):
+        err = _error(client.get("/v1/models", headers=headers), 401)
+        assert err["code"] == "invalid_api_key"
+        err = _error(client.post("/v1/chat/completions", json={"model": "m", "messages": CHAT},
+                                 headers=headers), 401)
+    assert client.get("/metrics", headers={"authorization": ""}).status_code == 200  # scraped without a key
+    assert client.get("/v1/models").json()["data"][0]["id"] == "m"  # right key, configured model
+
+
+def test_bad_bodies_are_400(client: TestClient) -> None:
+    err = _error(client.post("/v1/completions", content=b"{not json"), 400)
+    assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
+    _error(client.post("/v1/completions", json=[1, 2]), 400)
+    err = _error(client.post("/v1/chat/completions", json={"model": "m", "messages": CHAT, "n": 3}), 400)
+    assert err["param"] == "n"
+
+
+def test_unknown_model_is_404(client: TestClient) -> None:
+    err = _error(client.post("/v1/completions", json={"model": "gpt-4o", "prompt": "x"}), 404)
+    assert err["code"] == "model_not_found" and err["param"] == "model" and "gpt-4o" in err["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_triton_unreachable_is_503(client: TestClient, stream: bool) -> None:
+    reply = client.post("/v1/chat/completions", json={"model": "m", "messages": CHAT, "stream": stream})
+    err = _error(reply, 503)
+    assert err["type"] == "server_error" and err["code"] == "triton_unavailable"
+    metrics = client.get("/metrics").text
+    assert 'tritonforge_gateway_requests_total{endpoint="/v1/chat/completions",status="503"} 1.0' in metrics
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_user_errors_are_one_line() -> None:
+    from tritonforge.cli import _register_all
+
+    _register_all()
+    runner = CliRunner()
+    res = runner.invoke(cli_app, ["gateway", "--triton-url", "ftp://x:1"])
+    assert res.exit_code == 2 and "--triton-url" in res.output and "Traceback" not in res.output
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = runner.invoke(cli_app, ["gateway", "--port", str(port)])
+    assert res.exit_code == 1 and "already in use" in res.output
+    res = runner.invoke(cli_app, ["gateway", "--port", "1"], env={API_KEY_ENV: " "})
+    assert res.exit_code == 2 and API_KEY_ENV in res.output
