@@ -100,7 +100,7 @@ def build_command(
     target = "--triton-grpc" if protocol == "grpc" else "--triton-http"
     cmd = [
         sys.executable, "-m", "locust", "-f", str(_locustfile()), "--headless",
-        "-u", str(users), "-r", f"{spawn_rate:g}", "-t", f"{int(round(duration))}s",
+        "-u", str(users), "-r", f"{spawn_rate:g}", "-t", f"{round(duration)}s",
         "--stop-timeout", "0",
         "--protocol", protocol, target, address.strip(), "--dataset", dataset,
         "--shape", shape, "--csv", str(output / "locust"), "--html", str(output / "report.html"),

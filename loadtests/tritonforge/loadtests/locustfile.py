@@ -8,7 +8,6 @@ See docs/loadtest.md for every option, the shapes, the SLO gates and distributed
 """
 
 from locust import events
-
 from tritonforge.loadtests.session import wire
 from tritonforge.loadtests.shapes import TritonForgeShape
 from tritonforge.loadtests.users import GrpcStreamUser, HttpGenerateUser, HttpStreamUser

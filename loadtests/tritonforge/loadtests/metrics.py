@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
-
 from tritonforge.loadtests.records import Record
 
 __all__ = [
@@ -107,7 +107,7 @@ def timeline(records: list[Record], bins: int = 30) -> dict[str, list[float]]:
     t0 = min(r.start for r in ok)
     t1 = max(r.end for r in ok)
     span = max(t1 - t0, 1e-6)
-    n = max(1, min(bins, int(math.ceil(span))))  # at least one second per window
+    n = max(1, min(bins, math.ceil(span)))  # at least one second per window
     width = span / n
     edges = [t0 + i * width for i in range(n + 1)]
     tokens = np.zeros(n)
@@ -128,7 +128,7 @@ def timeline(records: list[Record], bins: int = 30) -> dict[str, list[float]]:
         "tokens_per_s": list(tokens / width),
         "requests_per_s": list(requests / width),
     }
-    getters = {
+    getters: dict[str, Callable[[Record], float | None]] = {
         "ttft_ms": lambda r: None if r.ttft is None else r.ttft * 1000.0,
         "itl_ms": lambda r: None if r.itl is None else r.itl * 1000.0,
         "latency_ms": lambda r: r.latency * 1000.0,

@@ -145,11 +145,11 @@ def _finish(environment: Any) -> None:
 def _print_summary(summary: dict[str, Any]) -> None:
     req = summary["requests"]
     lines = [
-        f"tritonforge summary: {req['succeeded']} ok / {req['failed']} failed requests,"
-        f" {summary['output_tokens_total']} output tokens in {summary['benchmark_duration_s']:.2f} s",
-        f"  output token throughput {summary['output_token_throughput_per_s']:.2f} tok/s,"
-        f" request throughput {summary['request_throughput_per_s']:.3f} req/s,"
-        f" workers {summary['workers']['count']}",
+        (f"tritonforge summary: {req['succeeded']} ok / {req['failed']} failed requests,"
+         f" {summary['output_tokens_total']} output tokens in {summary['benchmark_duration_s']:.2f} s"),
+        (f"  output token throughput {summary['output_token_throughput_per_s']:.2f} tok/s,"
+         f" request throughput {summary['request_throughput_per_s']:.3f} req/s,"
+         f" workers {summary['workers']['count']}"),
     ]
     for key in metrics.LATENCY_METRICS:
         st = summary.get(key)
@@ -164,11 +164,9 @@ def wire(events: Any) -> None:
     """Attach the handlers to Locust's ``events`` (called once by the locustfile)."""
     from tritonforge.loadtests import options
 
-    @events.init_command_line_parser.add_listener
     def _args(parser: Any) -> None:
         options.add_arguments(parser)
 
-    @events.init.add_listener
     def _init(environment: Any, **_kw: Any) -> None:
         from locust.runners import MasterRunner, WorkerRunner
 
@@ -203,7 +201,7 @@ def wire(events: Any) -> None:
                 log.warning("tritonforge: Prometheus exporter not started on port %s: %s",
                             s.prometheus_port, exc)
             else:
-                import gevent
+                import gevent  # type: ignore[import-untyped]
 
                 def users_gauge() -> None:
                     while True:
@@ -212,7 +210,6 @@ def wire(events: Any) -> None:
 
                 gevent.spawn(users_gauge)
 
-    @events.test_start.add_listener
     def _start(environment: Any, **_kw: Any) -> None:
         STATE.collector.clear()
         STATE.started_at = time.time()
@@ -222,21 +219,25 @@ def wire(events: Any) -> None:
             except SettingsError as exc:
                 log.error("tritonforge: %s", exc)
 
-    @events.report_to_master.add_listener
     def _to_master(client_id: str, data: dict[str, Any]) -> None:
         data[REPORT_KEY] = [r.to_wire() for r in STATE.collector.drain()]
 
-    @events.worker_report.add_listener
     def _from_worker(client_id: str, data: dict[str, Any]) -> None:
         rows = data.get(REPORT_KEY) or []
         records = [Record.from_wire(row) for row in rows]
         STATE.collector.extend(records, source=client_id)
         STATE._export(records)
 
-    @events.quitting.add_listener
     def _quitting(environment: Any, **_kw: Any) -> None:
         if STATE.role != "worker":
             _finish(environment)
+
+    events.init_command_line_parser.add_listener(_args)
+    events.init.add_listener(_init)
+    events.test_start.add_listener(_start)
+    events.report_to_master.add_listener(_to_master)
+    events.worker_report.add_listener(_from_worker)
+    events.quitting.add_listener(_quitting)
 
 
 def _set(opts: Any, **values: Any) -> Any:

@@ -12,30 +12,12 @@ every shape:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from locust import LoadTestShape
+from tritonforge.loadtests.schedule import shape_target
 
 __all__ = ["TritonForgeShape", "shape_target"]
-
-
-def shape_target(shape: str, t: float, users: int, run_time: float | None, *,
-                 ramp_seconds: float = 0.0, step_users: int = 1,
-                 step_seconds: float = 10.0) -> int | None:
-    """Users wanted ``t`` seconds into the run (``None``: the run is over)."""
-    if run_time and t >= run_time:
-        return None
-    if shape == "ramp":
-        ramp = ramp_seconds or ((run_time / 4) if run_time else 30.0)
-        if run_time and t >= run_time - ramp:
-            frac = (run_time - t) / ramp
-        else:
-            frac = min(1.0, t / ramp) if ramp > 0 else 1.0
-        return max(1, min(users, math.ceil(users * frac)))
-    if shape == "step":
-        return min(users, step_users * (1 + int(t // step_seconds)))
-    return users
 
 
 class TritonForgeShape(LoadTestShape):
@@ -50,8 +32,9 @@ class TritonForgeShape(LoadTestShape):
         rate = float(getattr(opts, "spawn_rate", None) or 1.0)
         run_time = getattr(opts, "run_time", None)
         shape = str(getattr(opts, "shape", "constant"))
+        elapsed = float(self.get_run_time())  # type: ignore[no-untyped-call]
         target = shape_target(
-            shape, self.get_run_time(), users, float(run_time) if run_time else None,
+            shape, elapsed, users, float(run_time) if run_time else None,
             ramp_seconds=float(getattr(opts, "ramp_seconds", 0.0) or 0.0),
             step_users=int(getattr(opts, "step_users", 1) or 1),
             step_seconds=float(getattr(opts, "step_seconds", 10.0) or 10.0),

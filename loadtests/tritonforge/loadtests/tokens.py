@@ -73,7 +73,7 @@ def _load(ref: str) -> TokenCounter:
         from transformers import AutoTokenizer
 
         return TokenCounter(ref, AutoTokenizer.from_pretrained(str(folder)), fast=False)
-    except Exception as exc:  # transformers raises many kinds for a bad folder
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a bad folder
         raise TokenizerError(f"tokenizer {ref!r}: cannot load from {folder}: {exc}") from None
 
 

@@ -29,13 +29,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import grpc.experimental.gevent as grpc_gevent
-from gevent import GreenletExit
+from gevent import GreenletExit  # type: ignore[import-untyped]
 from locust import User, constant, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import LocustError, StopUser
-from tritonforge.clients import Client, Request, TritonForgeError
-from tritonforge.clients import _wire
-
+from tritonforge.clients import Client, Request, TritonForgeError, _wire
 from tritonforge.loadtests.datasets import Prompt, PromptPool, load_dataset
 from tritonforge.loadtests.options import Settings
 from tritonforge.loadtests.records import Record
@@ -164,7 +162,7 @@ class TritonForgeUser(User):
             outcome = self.send(prompt)
         except (GreenletExit, StopUser):
             raise  # the test is stopping: an interrupted request is not a result
-        except Exception as exc:  # a bug or an untranslated error: count it, keep going
+        except Exception as exc:  # noqa: BLE001 - a bug or an untranslated error: count it, keep going
             outcome = Outcome("", None, time.perf_counter() - t0, _describe(exc))
         self.report(prompt, start, outcome)
 
@@ -282,7 +280,6 @@ class HttpStreamUser(FastHttpUser, TritonForgeUser):
     """
 
     label = "http-sse"
-    host = None
 
     def __init__(self, environment: Any) -> None:
         if not type(self).host:
@@ -302,6 +299,7 @@ class HttpStreamUser(FastHttpUser, TritonForgeUser):
                 resp.content  # noqa: B018 - read the error body
             return Outcome("", None, time.perf_counter() - t0, _http_error(resp))
         ghc = resp._response
+        assert ghc is not None  # a streamed 200 reply keeps its socket response
         texts: list[str] = []
         ttft: float | None = None
         done = False
@@ -337,7 +335,6 @@ class HttpGenerateUser(FastHttpUser, TritonForgeUser):
 
     label = "http-generate"
     streaming = False
-    host = None
     sync_model: ClassVar[str | None] = None
 
     def __init__(self, environment: Any) -> None:
