@@ -17,6 +17,9 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+echo "==> model_repository/ is what deployments/default.yaml renders"
+.venv/bin/tritonforge generate deployments/default.yaml --output model_repository --check || exit 1
+
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
