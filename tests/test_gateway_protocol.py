@@ -157,3 +157,41 @@ def test_cli_user_errors_are_one_line() -> None:
     assert res.exit_code == 1 and "already in use" in res.output
     res = runner.invoke(cli_app, ["gateway", "--port", "1"], env={API_KEY_ENV: " "})
     assert res.exit_code == 2 and API_KEY_ENV in res.output
+
+
+# ----------------------------------------------------------------------------- compose
+def test_compose_gateway_service_runs_this_command() -> None:
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    tool = shutil.which("docker-compose")
+    assert tool is not None, "apt-get install -y docker-compose (validates compose.yaml without a daemon)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_", "TRITONFORGE_"))}
+    env["GRAFANA_ADMIN_PASSWORD"] = "x"
+    for profile in ("cpu", "vllm", "trtllm"):
+        proc = subprocess.run([tool, "-f", str(root / "compose.yaml"), "--profile", profile, "config"],
+                              check=False, capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        svc = yaml.safe_load(proc.stdout)["services"]["gateway"]
+        assert svc["build"]["target"] == "cpu"
+        argv = svc["command"]
+        assert argv[:2] == ["tritonforge", "gateway"]
+        opts = dict(zip(argv[2::2], argv[3::2], strict=True))
+        assert opts == {"--triton-url": "triton:8001", "--host": "0.0.0.0", "--port": "8080"}
+        assert {(p["published"], p["target"]) for p in svc["ports"]} == {(8080, 8080)}
+        assert svc["environment"]["TRITONFORGE_MODEL"] == "smollm2"
+    prom = yaml.safe_load((root / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    assert jobs["gateway"]["static_configs"][0]["targets"] == ["gateway:8080"]
+    assert jobs["gateway"].get("metrics_path", "/metrics") == "/metrics"
+    # every option the service passes exists on the command
+    from tritonforge.cli import _register_all
+
+    _register_all()
+    res = CliRunner().invoke(cli_app, ["gateway", "--help"])
+    assert all(flag in res.output for flag in opts)

@@ -16,6 +16,7 @@ import typer
 __all__ = ["gateway", "register"]
 
 API_KEY_ENV = "TRITONFORGE_OPENAI_API_KEY"  # the same name as tritonforge.gateway.API_KEY_ENV
+MODEL_ENV = "TRITONFORGE_MODEL"  # as the load tests read it
 
 
 class ProtocolChoice(str, enum.Enum):
@@ -53,7 +54,9 @@ def gateway(
     protocol: Annotated[ProtocolChoice, typer.Option("--protocol", help="Transport to Triton.")]
         = ProtocolChoice.grpc,
     model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="Triton ensemble to serve, also its OpenAI model id (default: the one served).")]
+        "--model", "-m", envvar=MODEL_ENV, show_envvar=True,
+        help="Triton ensemble to serve, also its OpenAI model id (default: the one ensemble served;"
+             " discovering it needs $TRITONFORGE_ADMIN_KEY when Triton restricts its index).")]
         = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8080,
@@ -74,6 +77,7 @@ def gateway(
         raise _fail(f"--triton-url: {exc}", 2) from None
     if api_key is not None and not api_key.strip():
         raise _fail(f"--api-key / ${API_KEY_ENV} is empty; unset it to serve without a key", 2)
+    model = model.strip() if model and model.strip() else None  # empty: discover
     problem = _port_problem(host, port)
     if problem is not None:
         raise _fail(problem, 1)

@@ -281,9 +281,9 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
                 gw.metrics.finished(endpoint, err.status, time.perf_counter() - received)
                 return _error_response(err)
             except TritonForgeError as exc:
-                err = translate(exc)
-                gw.metrics.finished(endpoint, err.status, time.perf_counter() - received)
-                return _error_response(err)
+                refused = translate(exc)
+                gw.metrics.finished(endpoint, refused.status, time.perf_counter() - received)
+                return _error_response(refused)
         return route
 
     async def _body(request: HttpRequest) -> Any:

@@ -21,7 +21,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["CONTENT_TYPE", "CLIENT_CLOSED", "PREFIX", "GatewayMetrics"]
+__all__ = ["CLIENT_CLOSED", "CONTENT_TYPE", "PREFIX", "GatewayMetrics"]
 
 PREFIX: Final = "tritonforge_gateway"
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Final
 
 import uvicorn
+from typing_extensions import Self
 
 from tritonforge.clients._base import Protocol
 from tritonforge.gateway.app import GatewayConfig, create_app
@@ -54,7 +56,7 @@ class GatewayHandle:
             self._server.force_exit = True
             self._thread.join(timeout)
 
-    def __enter__(self) -> GatewayHandle:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -77,8 +79,9 @@ def run_gateway_in_thread(
     whole-request deadline towards Triton (default: the client's). Raises ``RuntimeError``
     when it cannot start (port taken, ...).
     """
-    cfg = GatewayConfig(triton_url=triton_url, protocol=protocol, model=model, api_key=api_key,
-                        **({} if timeout is None else {"timeout": timeout}))
+    cfg = GatewayConfig(triton_url=triton_url, protocol=protocol, model=model, api_key=api_key)
+    if timeout is not None:
+        cfg = dataclasses.replace(cfg, timeout=timeout)
     server = uvicorn.Server(uvicorn_config(cfg, host, port))
     thread = threading.Thread(target=server.run, name="tritonforge-gateway", daemon=True)
     thread.start()
