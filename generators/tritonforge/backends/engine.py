@@ -248,6 +248,7 @@ class _Live:
     started: bool = False
     cancelled: bool = False
     task: asyncio.Task[None] | None = None
+    client_id: str = ""
 
 
 class VllmEngineRunner:
@@ -326,8 +327,28 @@ class VllmEngineRunner:
     def live_requests(self) -> int:
         return len(self._live)
 
-    def submit(self, request: EngineRequest, responder: Responder) -> concurrent.futures.Future[None]:
-        return asyncio.run_coroutine_threadsafe(self._serve(request, responder), self.loop)
+    def submit(
+        self, request: EngineRequest, responder: Responder, client_id: str = ""
+    ) -> concurrent.futures.Future[None]:
+        """Serve one request; ``client_id`` is Triton's request id (what ``stop`` names)."""
+        return asyncio.run_coroutine_threadsafe(self._serve(request, responder, client_id), self.loop)
+
+    def stop(self, client_id: str) -> concurrent.futures.Future[int]:
+        """Cancel the live requests with this Triton request id (the engine contract's
+        ``stop`` input, as the TensorRT-LLM backend does); resolves to how many there were."""
+        return asyncio.run_coroutine_threadsafe(self._stop(client_id), self.loop)
+
+    async def _stop(self, client_id: str) -> int:
+        hits = [lv for lv in self._live.values() if client_id and lv.client_id == client_id]
+        for live in hits:
+            if live.cancelled:
+                continue
+            live.cancelled = True
+            with contextlib.suppress(Exception):
+                await self._engine.abort(live.vllm_id)
+            if live.task is not None:
+                live.task.cancel()
+        return len(hits)
 
     def _sampling_params(self, req: EngineRequest) -> Any:
         from vllm import SamplingParams
@@ -391,10 +412,11 @@ class VllmEngineRunner:
                     if live.task is not None:
                         live.task.cancel()  # wake the request's coroutine wherever it waits
 
-    async def _serve(self, req: EngineRequest, responder: Responder) -> None:
+    async def _serve(self, req: EngineRequest, responder: Responder, client_id: str = "") -> None:
         key = next(self._ids)
         vllm_id = f"tf-{os.getpid()}-{key}"
-        live = _Live(vllm_id, responder, len(req.input_ids), task=asyncio.current_task())
+        live = _Live(vllm_id, responder, len(req.input_ids), task=asyncio.current_task(),
+                     client_id=client_id)
         self._live[key] = live
         self._update_gauges()
         arrived = time.monotonic()

@@ -2,7 +2,10 @@
 
 Decoupled: ``execute`` hands each request to the runner and returns at once; responses are
 sent from the engine's loop thread through the request's response sender, the last one
-flagged final. Non-decoupled (streaming off in the spec): ``execute`` waits for each
+flagged final. A request with ``stop=true`` cancels the live request(s) carrying the same
+request id, as with the TensorRT-LLM backend: Triton 2.51 ensembles do not pass a client's
+cancellation on to a step that is already running, so this is how a client (or the BLS
+front model) stops generation it no longer wants. Non-decoupled (streaming off in the spec): ``execute`` waits for each
 request's single response.
 """
 
@@ -17,9 +20,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonforge.backends import triton_io
-from tritonforge.backends.engine import VllmEngineRunner, parse_engine_inputs
+from tritonforge.backends.engine import VllmEngineRunner, engine_outputs, parse_engine_inputs
 from tritonforge.backends.errors import RequestError
-from tritonforge.contract import ENGINE_INPUTS, Param
+from tritonforge.contract import ENGINE_INPUTS, FinishReason, Param
 
 __all__ = ["TritonPythonModel"]
 
@@ -99,25 +102,46 @@ class TritonPythonModel:
         if self.decoupled:
             for request in requests:
                 responder = _DecoupledResponder(request)
+                if self._is_stop(request):
+                    self._answer_stop(request, responder)
+                    continue
                 try:
                     req = parse_engine_inputs(triton_io.read_inputs(request, ENGINE_INPUTS), decoupled=True)
                 except RequestError as exc:
                     responder.send_error(str(exc), invalid=True)
                     continue
-                self.runner.submit(req, responder)
+                self.runner.submit(req, responder, request.request_id())
             return None
         collectors = []
         for request in requests:
             c = _CollectingResponder(request)
+            if self._is_stop(request):
+                self._answer_stop(request, c)
+                collectors.append(c)
+                continue
             try:
                 req = parse_engine_inputs(triton_io.read_inputs(request, ENGINE_INPUTS), decoupled=False)
-                self.runner.submit(req, c)
+                self.runner.submit(req, c, request.request_id())
             except RequestError as exc:
                 c.send_error(str(exc), invalid=True)
             collectors.append(c)
         for c in collectors:
             c.event.wait()
         return [c.response for c in collectors]
+
+    @staticmethod
+    def _is_stop(request: Any) -> bool:
+        tensor = pb_utils.get_input_tensor_by_name(request, "stop")
+        return tensor is not None and bool(tensor.as_numpy().reshape(-1)[:1].any())
+
+    def _answer_stop(self, request: Any, responder: Any) -> None:
+        """``stop=true``: cancel the live request(s) with this request id, answer at once."""
+        request_id = request.request_id()
+        if not request_id:
+            responder.send_error("stop needs the request id of the request to cancel", invalid=True)
+            return
+        found = self.runner.stop(request_id).result(10)
+        responder.send(engine_outputs([], FinishReason.CANCELLED.value if found else "", 0), final=True)
 
     def finalize(self) -> None:
         runner = getattr(self, "runner", None)
