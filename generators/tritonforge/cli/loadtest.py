@@ -76,7 +76,7 @@ def build_command(
     duration: float, dataset: str, output: Path, max_tokens: int | None = None,
     shape: str = "constant", slo_ttft_p95_ms: float | None = None,
     slo_itl_p95_ms: float | None = None, max_fail_ratio: float | None = None,
-    tokenizer: str | None = None, prometheus_port: int = -1,
+    tokenizer: str | None = None, prometheus_port: int = -1, drain: float = 30.0,
 ) -> list[str]:
     """The Locust command line for one headless run (validated; raises ``UserError``)."""
     if users < 1:
@@ -101,7 +101,7 @@ def build_command(
     cmd = [
         sys.executable, "-m", "locust", "-f", str(_locustfile()), "--headless",
         "-u", str(users), "-r", f"{spawn_rate:g}", "-t", f"{round(duration)}s",
-        "--stop-timeout", "0",
+        "--stop-timeout", f"{drain:g}",
         "--protocol", protocol, target, address.strip(), "--dataset", dataset,
         "--shape", shape, "--csv", str(output / "locust"), "--html", str(output / "report.html"),
         "--results-dir", str(output), "--logfile", str(output / "locust.log"),

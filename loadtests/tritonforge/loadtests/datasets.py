@@ -24,8 +24,10 @@ corpus); anything else is read as a path to a JSONL file.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -39,6 +41,7 @@ __all__ = [
     "DatasetInfo",
     "Prompt",
     "PromptPool",
+    "cached_prompts",
     "load_dataset",
 ]
 
@@ -210,3 +213,20 @@ def load_dataset(ref: str, counter: TokenCounter, *, max_tokens: int | None = No
                           max_tokens=max_tokens if max_tokens is not None else p.max_tokens,
                           input_tokens=n, id=p.id))
     return out
+
+
+_cache_lock = threading.Lock()
+
+
+@functools.cache
+def _cached(ref: str, tokenizer: str, max_tokens: int | None, seed: int | None) -> tuple[Prompt, ...]:
+    from tritonforge.loadtests.tokens import load_token_counter
+
+    return tuple(load_dataset(ref, load_token_counter(tokenizer), max_tokens=max_tokens, seed=seed))
+
+
+def cached_prompts(ref: str, tokenizer: str, *, max_tokens: int | None = None,
+                   seed: int | None = 0) -> list[Prompt]:
+    """:func:`load_dataset` with the tokenizer named by reference, loaded once per process."""
+    with _cache_lock:
+        return list(_cached(ref, tokenizer, max_tokens, seed))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tritonforge.loadtests import metrics, report
-from tritonforge.loadtests.datasets import DatasetError, load_dataset
+from tritonforge.loadtests.datasets import DatasetError, cached_prompts
 from tritonforge.loadtests.gates import GATE_EXIT_CODE, evaluate
 from tritonforge.loadtests.options import Protocol, Settings, SettingsError, settings_from
 from tritonforge.loadtests.records import Collector, Record
@@ -87,8 +87,8 @@ def _discover_model(s: Settings) -> str:
 
 def _check(s: Settings) -> None:
     """Load what the users will need, so a bad setting fails before any user starts."""
-    counter = load_token_counter(s.tokenizer)
-    load_dataset(s.dataset, counter, max_tokens=s.max_tokens, seed=s.prompt_seed)
+    load_token_counter(s.tokenizer)
+    cached_prompts(s.dataset, s.tokenizer, max_tokens=s.max_tokens, seed=s.prompt_seed)
 
 
 def _results_dir(opts: Any, s: Settings) -> Path | None:
@@ -178,10 +178,11 @@ def wire(events: Any) -> None:
             return
         try:
             s = settings_from(opts)
-            if STATE.role != "worker":
-                if not s.model:
-                    s = settings_from(_set(opts, model=_discover_model(s)))
-                _check(s)
+            if STATE.role != "worker" and not s.model:
+                s = settings_from(_set(opts, model=_discover_model(s)))
+            # Load the tokenizer and prompts now (cached): done while spawning, this CPU
+            # work would stall a worker's heartbeats and the master would drop it.
+            _check(s)
         except (SettingsError, DatasetError, TokenizerError) as exc:
             _fail(str(exc))
         STATE.settings = s
@@ -229,8 +230,15 @@ def wire(events: Any) -> None:
         STATE._export(records)
 
     def _quitting(environment: Any, **_kw: Any) -> None:
-        if STATE.role != "worker":
-            _finish(environment)
+        if STATE.role == "worker":
+            return
+        if getattr(environment.parsed_options, "csv_prefix", None):
+            import gevent
+
+            # Locust rewrites its CSV files every second and never at exit: let it write
+            # once more, so requests finished while draining are in the CSV too.
+            gevent.sleep(1.2)
+        _finish(environment)
 
     events.init_command_line_parser.add_listener(_args)
     events.init.add_listener(_init)

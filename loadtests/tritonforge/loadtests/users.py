@@ -34,7 +34,7 @@ from locust import User, constant, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import LocustError, StopUser
 from tritonforge.clients import Client, Request, TritonForgeError, _wire
-from tritonforge.loadtests.datasets import Prompt, PromptPool, load_dataset
+from tritonforge.loadtests.datasets import Prompt, PromptPool, cached_prompts
 from tritonforge.loadtests.options import Settings
 from tritonforge.loadtests.records import Record
 from tritonforge.loadtests.session import STATE
@@ -76,19 +76,6 @@ class Outcome:
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
-
-
-_prompt_lock = threading.Lock()
-_prompt_cache: dict[tuple[str, str, int | None, int], list[Prompt]] = {}
-
-
-def _prompts(dataset: str, tokenizer: str, max_tokens: int | None, seed: int) -> list[Prompt]:
-    key = (dataset, tokenizer, max_tokens, seed)
-    with _prompt_lock:
-        if key not in _prompt_cache:
-            counter = load_token_counter(tokenizer)
-            _prompt_cache[key] = load_dataset(dataset, counter, max_tokens=max_tokens, seed=seed)
-        return _prompt_cache[key]
 
 
 class TritonForgeUser(User):
@@ -134,7 +121,8 @@ class TritonForgeUser(User):
                                         else (s.request_timeout if s else 300.0))
         seed = s.prompt_seed if s else 0
         self.counter = load_token_counter(self.cfg_tokenizer)
-        prompts = _prompts(self.cfg_dataset, self.cfg_tokenizer, self.cfg_max_tokens, seed)
+        prompts = cached_prompts(self.cfg_dataset, self.cfg_tokenizer,
+                                 max_tokens=self.cfg_max_tokens, seed=seed)
         TritonForgeUser._instances += 1
         self.pool = PromptPool(prompts, seed=seed * 100_003 + TritonForgeUser._instances)
 
