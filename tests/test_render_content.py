@@ -179,7 +179,12 @@ def test_bls_model_is_optional_and_decoupled_when_streaming() -> None:
     files = render({"name": "m", "instances": {"bls": 3}})
     bls = parse(files, C.MODEL_BLS)
     assert bls.model_transaction_policy.decoupled and bls.instance_group[0].count == 3
-    assert params(bls) == {C.Param.TARGET_MODEL.value: C.MODEL_VLLM_ENGINE}
+    assert params(bls) == {
+        C.Param.TARGET_MODEL.value: C.MODEL_VLLM_ENGINE,
+        C.Param.MODEL.value: "package:smollm2-135m-instruct",
+        C.Param.TOKENIZER.value: "package:smollm2-135m-instruct",
+        C.Param.SKIP_SPECIAL_TOKENS.value: "true",
+    }
 
 
 def test_trtllm_engine_parameters_come_from_the_spec() -> None:

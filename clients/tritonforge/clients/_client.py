@@ -13,9 +13,11 @@ the server. A stream can be iterated once; ``completion`` is available at its en
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final
@@ -57,6 +59,17 @@ class _State(enum.Enum):
     CLOSED = "closed"  # closed before the end (request cancelled)
 
 
+STOP_TIMEOUT: Final = 5.0  # seconds for the best-effort server-side stop of a left stream
+
+
+def with_request_id(request: Request) -> Request:
+    """Every request carries an id: postprocessing keys its detokenizer state by it, and a
+    stream left early is stopped on the engine by it."""
+    if request.request_id:
+        return request
+    return dataclasses.replace(request, request_id=uuid.uuid4().hex)
+
+
 _END: Final = object()  # "the call ended" marker for the first-response slot
 
 
@@ -72,7 +85,7 @@ class Stream:
 
     def __init__(self, client: Client, request: Request) -> None:
         self._client = client
-        self.request = request
+        self.request = with_request_id(request)
         self._state = _State.NEW
         self._iterated = False
         self._cancelled = False
@@ -175,6 +188,8 @@ class Stream:
         if self._state is _State.OPEN and self._call is not None:
             self._cancelled = True
             self._call.cancel()
+            if self._rec is not None:
+                self._client._stop_on_server(self._rec.model, self.request.request_id)
         if self._state is not _State.DONE:
             self._state = _State.CLOSED
 
@@ -188,7 +203,7 @@ class AsyncStream:
 
     def __init__(self, client: AsyncClient, request: Request) -> None:
         self._client = client
-        self.request = request
+        self.request = with_request_id(request)
         self._state = _State.NEW
         self._iterated = False
         self._cancelled = False
@@ -290,7 +305,10 @@ class AsyncStream:
         """Close the stream; cancels the request on the server if it is still running."""
         if self._state is _State.OPEN and self._call is not None:
             self._cancelled = True
+            self._state = _State.CLOSED
             await self._call.cancel()
+            if self._rec is not None:
+                await self._client._stop_on_server(self._rec.model, self.request.request_id)
         if self._state is not _State.DONE:
             self._state = _State.CLOSED
 
@@ -327,6 +345,7 @@ class Client(BaseClient):
                          connect_timeout=connect_timeout, connect_retries=connect_retries,
                          admin_key=admin_key)
         self._transport: GrpcTransport | HttpTransport | None = None
+        self._engines: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -366,6 +385,21 @@ class Client(BaseClient):
     def chat(self, messages: Messages, /, **overrides: Unpack[RequestOverrides]) -> Completion:
         """Send chat ``messages`` (``[{"role": ..., "content": ...}]``) and wait for the reply."""
         return self.complete(Request(messages=messages), **overrides)
+
+    def _stop_on_server(self, model: str, request_id: str | None) -> None:
+        """Ask the ensemble's engine step to drop ``request_id`` (best effort, never raises):
+        Triton 2.51 ensembles do not forward a client's cancellation to a running step."""
+        if not request_id:
+            return
+        try:
+            transport = self._get_transport()
+            if model not in self._engines:
+                self._engines[model] = transport.engine_of(model)
+            engine = self._engines[model]
+            if engine:
+                transport.stop(engine, request_id, STOP_TIMEOUT)
+        except Exception:  # noqa: BLE001 - cancellation is best effort; the stream is gone
+            pass
 
     def models(self) -> list[ModelInfo]:
         """The server's model repository index."""
@@ -414,6 +448,7 @@ class AsyncClient(BaseClient):
                          connect_timeout=connect_timeout, connect_retries=connect_retries,
                          admin_key=admin_key)
         self._transport: AsyncGrpcTransport | AsyncHttpTransport | None = None
+        self._engines: dict[str, str | None] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -453,6 +488,22 @@ class AsyncClient(BaseClient):
     async def chat(self, messages: Messages, /, **overrides: Unpack[RequestOverrides]) -> Completion:
         """Send chat ``messages`` (``[{"role": ..., "content": ...}]``) and wait for the reply."""
         return await self.complete(Request(messages=messages), **overrides)
+
+    async def _stop_on_server(self, model: str, request_id: str | None) -> None:
+        """Async twin of :meth:`Client._stop_on_server` (best effort, never raises)."""
+        if not request_id:
+            return
+        try:
+            transport = await self._get_transport()
+            if model not in self._engines:
+                self._engines[model] = await transport.engine_of(model)
+            engine = self._engines[model]
+            if engine:
+                await asyncio.wait_for(transport.stop(engine, request_id, STOP_TIMEOUT), STOP_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - cancellation is best effort; the stream is gone
+            pass
 
     async def models(self) -> list[ModelInfo]:
         """The server's model repository index."""

@@ -135,6 +135,18 @@ class GrpcTransport:
         reply = self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
         return str(reply.config.platform)
 
+    def engine_of(self, model: str) -> str | None:
+        from google.protobuf.json_format import MessageToDict
+
+        reply = self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
+        return _wire.engine_step(MessageToDict(reply.config, preserving_proto_field_name=True))
+
+    def stop(self, engine: str, request_id: str, timeout: float) -> None:
+        call = self._stub.ModelStreamInfer(iter([_wire.grpc_stop_request(engine, request_id)]),
+                                           timeout=timeout)
+        for _ in call:
+            pass
+
     def model_ready(self, model: str) -> bool:
         try:
             reply = self._unary(self._stub.ModelReady, self._pb.ModelReadyRequest(name=model))
@@ -209,6 +221,18 @@ class AsyncGrpcTransport:
     async def platform(self, model: str) -> str:
         reply = await self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
         return str(reply.config.platform)
+
+    async def engine_of(self, model: str) -> str | None:
+        from google.protobuf.json_format import MessageToDict
+
+        reply = await self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
+        return _wire.engine_step(MessageToDict(reply.config, preserving_proto_field_name=True))
+
+    async def stop(self, engine: str, request_id: str, timeout: float) -> None:
+        call = self._stub.ModelStreamInfer(_one(_wire.grpc_stop_request(engine, request_id)),
+                                           timeout=timeout)
+        async for _ in call:
+            pass
 
     async def model_ready(self, model: str) -> bool:
         try:

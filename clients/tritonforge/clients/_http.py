@@ -186,6 +186,16 @@ class HttpTransport:
             raise status_error(reply.status_code, error_text(reply.text))
         return str(reply.json().get("platform", ""))
 
+    def engine_of(self, model: str) -> str | None:
+        reply = self._call("GET", f"/v2/models/{model}/config")
+        if reply.status_code != 200:
+            raise status_error(reply.status_code, error_text(reply.text))
+        return _wire.engine_step(reply.json())
+
+    def stop(self, engine: str, request_id: str, timeout: float) -> None:
+        self._client.post(f"/v2/models/{engine}/generate_stream", json=_wire.http_stop_body(request_id),
+                          headers=_SSE_HEADERS, timeout=timeout)
+
     def model_ready(self, model: str) -> bool:
         return self._call("GET", f"/v2/models/{model}/ready").status_code == 200
 
@@ -261,6 +271,17 @@ class AsyncHttpTransport:
         if reply.status_code != 200:
             raise status_error(reply.status_code, error_text(reply.text))
         return str(reply.json().get("platform", ""))
+
+    async def engine_of(self, model: str) -> str | None:
+        reply = await self._call("GET", f"/v2/models/{model}/config")
+        if reply.status_code != 200:
+            raise status_error(reply.status_code, error_text(reply.text))
+        return _wire.engine_step(reply.json())
+
+    async def stop(self, engine: str, request_id: str, timeout: float) -> None:
+        await self._client.post(f"/v2/models/{engine}/generate_stream",
+                                json=_wire.http_stop_body(request_id), headers=_SSE_HEADERS,
+                                timeout=timeout)
 
     async def model_ready(self, model: str) -> bool:
         return (await self._call("GET", f"/v2/models/{model}/ready")).status_code == 200

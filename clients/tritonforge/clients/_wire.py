@@ -147,6 +147,52 @@ def grpc_request(request: Request, model: str) -> Any:
     return msg
 
 
+# The engine contract's ``stop`` input cancels the live request carrying the same request id
+# (TensorRT-LLM's semantics; tritonforge's CPU engine does the same). Triton 2.51 ensembles
+# do not forward a client's cancellation to a running step, so a client that leaves a stream
+# early sends this to the ensemble's engine step. The other inputs are the required ones.
+_STOP_INPUTS: dict[str, tuple[str, list[int], list[Any]]] = {
+    "input_ids": ("INT32", [1, 1], [0]),
+    "input_lengths": ("INT32", [1, 1], [1]),
+    "request_output_len": ("INT32", [1, 1], [1]),
+    "stop": ("BOOL", [1, 1], [True]),
+}
+
+
+def grpc_stop_request(engine: str, request_id: str) -> Any:
+    """The request that cancels ``request_id`` on the engine model ``engine``."""
+    from tritonclient.grpc import service_pb2
+
+    msg = service_pb2.ModelInferRequest(model_name=engine, id=request_id)
+    for name, (datatype, shape, values) in _STOP_INPUTS.items():
+        msg.inputs.append(
+            service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=shape)
+        )
+        msg.raw_input_contents.append(_encode(datatype, values))
+    return msg
+
+
+def http_stop_body(request_id: str) -> dict[str, Any]:
+    """The ``generate_stream`` body that cancels ``request_id`` on the engine model."""
+    body: dict[str, Any] = {name: (vals if name == "input_ids" else vals[0])
+                            for name, (_, _, vals) in _STOP_INPUTS.items()}
+    body["id"] = request_id
+    return body
+
+
+def engine_step(config: dict[str, Any]) -> str | None:
+    """The engine step of an ensemble's config (JSON form), if it is a tritonforge engine."""
+    engines = (contract.MODEL_VLLM_ENGINE, contract.MODEL_TENSORRT_LLM)
+    if config.get("name") in engines:
+        return str(config["name"])
+    steps = (config.get("ensemble_scheduling") or {}).get("step") or []
+    for step in steps:
+        name = step.get("model_name") if isinstance(step, dict) else None
+        if name in engines:
+            return str(name)
+    return None
+
+
 def _contents_values(datatype: str, contents: Any) -> list[Any]:
     field = {
         "BYTES": "bytes_contents", "BOOL": "bool_contents", "INT32": "int_contents",

@@ -351,7 +351,10 @@ def plan_repository(spec: Spec) -> RepoPlan:
             C.MODEL_BLS, C.MODEL_BLS, s,
             inputs=_tensors(C.ENSEMBLE_INPUTS), outputs=_tensors(C.ENSEMBLE_OUTPUTS),
             count=inst.bls, decoupled=s.streaming,
-            params={C.Param.TARGET_MODEL.value: engine_name},
-            description="The same chain as the ensemble, in code (BLS).",
+            params={C.Param.TARGET_MODEL.value: engine_name,
+                    C.Param.MODEL.value: s.model.path,
+                    C.Param.TOKENIZER.value: tokenizer,
+                    C.Param.SKIP_SPECIAL_TOKENS.value: _b(s.model.skip_special_tokens)},
+            description="The same chain as the ensemble, in code (BLS): cancellable.",
         ))
     return RepoPlan(s, sorted(models, key=lambda m: m.name))

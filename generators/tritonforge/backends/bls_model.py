@@ -1,0 +1,228 @@
+"""The BLS front model (``tensorrt_llm_bls``): the ensemble's chain, in code, cancellable.
+
+Same user contract as the ensemble (``ENSEMBLE_INPUTS`` -> ``ENSEMBLE_OUTPUTS``). It calls
+``preprocessing``, then streams from the engine model with Business Logic Scripting, and
+detokenizes in process (the same ``Postprocessor`` the ensemble's postprocessing runs).
+
+Why it exists: Triton 2.51 ensembles do not pass a client's cancellation on to a step that is
+already running, so a client that simply drops its connection leaves the engine generating
+until ``max_tokens``. This model sees its own request's ``is_cancelled()`` (a direct request)
+and then sends the engine contract's ``stop`` for the request id, which frees the engine's
+slot and KV cache at once. Each request is served on its own thread (BLS calls block), so
+requests never wait for each other here.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonforge.backends import triton_io
+from tritonforge.backends.detokenize import make_decoder
+from tritonforge.backends.postprocess import Postprocessor
+from tritonforge.backends.preprocess import load_tokenizer
+from tritonforge.contract import (
+    ENGINE_EXTRA_OUTPUTS,
+    ENSEMBLE_INPUTS,
+    MODEL_PREPROCESSING,
+    MODEL_VLLM_ENGINE,
+    PREPROCESSED_ENGINE_INPUTS,
+    PREPROCESSING_OUTPUTS,
+    FinishReason,
+    Param,
+    pre_output,
+)
+
+__all__ = ["TritonPythonModel"]
+
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_PRE_OUTPUTS = [t.name for t in PREPROCESSING_OUTPUTS]
+
+
+class _Live:
+    __slots__ = ("request", "request_id", "cancelled")
+
+    def __init__(self, request: Any, request_id: str) -> None:
+        self.request = request
+        self.request_id = request_id
+        self.cancelled = threading.Event()
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        triton_io.fix_locale()
+        config, params = triton_io.model_params(args)
+        self.engine = params[Param.TARGET_MODEL.value]
+        ref = params.get(Param.TOKENIZER.value) or params.get(Param.MODEL.value)
+        if not ref:
+            raise ValueError(f"{args['model_name']}: parameter {Param.MODEL.value} is required")
+        skip = (params.get(Param.SKIP_SPECIAL_TOKENS.value) or "true").lower() != "false"
+        tokenizer = load_tokenizer(ref)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.post = Postprocessor(make_decoder(tokenizer, skip), None if eos is None else int(eos))
+        self._post_lock = threading.Lock()
+        self.engine_outputs = ["output_ids", "sequence_length"]
+        if self.engine == MODEL_VLLM_ENGINE:
+            self.engine_outputs += [t.name for t in ENGINE_EXTRA_OUTPUTS]
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="tritonforge-bls")
+        self._live: dict[int, _Live] = {}
+        self._live_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="tritonforge-bls-cancel", daemon=True)
+        self._watchdog.start()
+
+    # -- cancellation --------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stopping.wait(0.05):
+            with self._live_lock:
+                lives = list(self._live.values())
+            for live in lives:
+                if live.cancelled.is_set():
+                    continue
+                try:
+                    cancelled = bool(live.request.is_cancelled())
+                except Exception:
+                    cancelled = True
+                if cancelled:
+                    live.cancelled.set()
+                    self.pool.submit(self._send_stop, live.request_id)
+
+    def _send_stop(self, request_id: str) -> None:
+        inputs = [
+            pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)),
+            pb_utils.Tensor("input_lengths", np.ones((1, 1), dtype=np.int32)),
+            pb_utils.Tensor("request_output_len", np.ones((1, 1), dtype=np.int32)),
+            pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
+        ]
+        stop = pb_utils.InferenceRequest(
+            model_name=self.engine, request_id=request_id, inputs=inputs,
+            requested_output_names=["output_ids"],
+        )
+        try:
+            for _ in stop.exec(decoupled=True):
+                pass
+        except Exception:
+            pass
+
+    # -- requests ------------------------------------------------------------------------
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        if not self.decoupled:
+            return [self._collect(r) for r in requests]
+        for request in requests:
+            self.pool.submit(self._serve, request)
+        return None
+
+    def _collect(self, request: Any) -> Any:
+        parts: list[dict[str, np.ndarray]] = []
+        error: list[Any] = []
+
+        def send(arrays: dict[str, np.ndarray] | None, err: Any = None) -> None:
+            if err is not None:
+                error.append(err)
+            elif arrays is not None:
+                parts.append(arrays)
+
+        self._run(request, send, streaming=False)
+        if error:
+            return error[0]
+        from tritonforge.backends.sync_model import merge_responses
+
+        return triton_io.make_response(merge_responses(parts))
+
+    def _serve(self, request: Any) -> None:
+        sender = request.get_response_sender()
+        pending: list[Any] = []
+
+        def send(arrays: dict[str, np.ndarray] | None, err: Any = None) -> None:
+            # Keep one response back so the last one carries the FINAL flag.
+            if pending:
+                sender.send(pending.pop(), flags=0)
+            if err is not None:
+                sender.send(err, flags=_FINAL)
+            elif arrays is not None:
+                pending.append(triton_io.make_response(arrays))
+
+        try:
+            self._run(request, send, streaming=True)
+        except Exception as exc:
+            send(None, triton_io.error_response(f"{self.engine} BLS failed: {exc}", invalid=False))
+            return
+        if pending:
+            sender.send(pending.pop(), flags=_FINAL)
+
+    def _run(self, request: Any, send: Any, *, streaming: bool) -> None:
+        request_id = request.request_id() or uuid.uuid4().hex
+        inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, i.name) for i in ENSEMBLE_INPUTS)
+                  if t is not None]
+        if not streaming:
+            inputs = [t for t in inputs if t.name() != "stream"]
+            inputs.append(pb_utils.Tensor("stream", np.array([[False]], dtype=bool)))
+        pre = pb_utils.InferenceRequest(
+            model_name=MODEL_PREPROCESSING, request_id=request_id, inputs=inputs,
+            requested_output_names=_PRE_OUTPUTS,
+        ).exec()
+        if pre.has_error():
+            send(None, triton_io.forwarded_error(pre.error()))
+            return
+        produced = {t.name(): t for t in pre.output_tensors()}
+        engine_inputs = []
+        for name in PREPROCESSED_ENGINE_INPUTS:
+            tensor = produced.get(pre_output(name))
+            if tensor is None:
+                continue
+            arr = tensor.as_numpy()
+            if name == "lora_task_id" and not arr.any():
+                continue  # no adapter: the engine must not see a LoRA request
+            engine_inputs.append(pb_utils.Tensor(name, arr))
+        live = _Live(request, request_id)
+        key = id(live)
+        with self._live_lock:
+            self._live[key] = live
+        sent_final = False
+        try:
+            responses = pb_utils.InferenceRequest(
+                model_name=self.engine, request_id=request_id, inputs=engine_inputs,
+                requested_output_names=self.engine_outputs,
+            ).exec(decoupled=True)
+            for response in responses:
+                if response.has_error():
+                    if live.cancelled.is_set():
+                        break
+                    send(None, triton_io.forwarded_error(response.error()))
+                    sent_final = True
+                    break
+                tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                if "output_ids" not in tensors:
+                    continue  # an empty final response
+                post_in = {
+                    "output_ids": tensors["output_ids"],
+                    "sequence_length": tensors.get("sequence_length"),
+                    "engine_finish_reason": tensors.get("finish_reason"),
+                    "engine_num_input_tokens": tensors.get("num_input_tokens"),
+                }
+                with self._post_lock:
+                    result = self.post.process(post_in, request_id)
+                send(result.arrays())
+                if result.finish_reason:
+                    sent_final = True
+            if live.cancelled.is_set() and not sent_final:
+                send(None, pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "request cancelled", pb_utils.TritonError.CANCELLED)))
+            elif not sent_final:
+                send({**self.post.process({"output_ids": np.zeros((1, 1, 0), dtype=np.int32),
+                                           "sequence_length": np.zeros((1, 1), dtype=np.int32),
+                                           "engine_finish_reason": np.array([[FinishReason.STOP.value.encode()]], dtype=object)},
+                                          request_id).arrays()})
+        finally:
+            with self._live_lock:
+                self._live.pop(key, None)
+
+    def finalize(self) -> None:
+        self._stopping.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
