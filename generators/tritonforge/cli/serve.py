@@ -126,6 +126,12 @@ def serve(
         ),
     ] = True,
     ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 600.0,
+    openai_port: Annotated[
+        int | None,
+        typer.Option(help="Also serve the OpenAI-compatible API (/v1/chat/completions, "
+                     "/v1/completions) on this port, same --host; API key from "
+                     "$TRITONFORGE_OPENAI_API_KEY if set."),
+    ] = None,
 ) -> None:
     """Serve a model with a real tritonserver (the bundled one, or one on PATH)."""
     from rich.markup import escape
@@ -146,7 +152,7 @@ def serve(
         repository = repo.resolve()
     else:
         repository = default_repository()
-    for port in (http_port, grpc_port, metrics_port):
+    for port in (http_port, grpc_port, metrics_port) + ((openai_port,) if openai_port else ()):
         if not 0 < port < 65536:
             raise _fail(f"port {port} is out of range (1-65535)", 2)
 
@@ -174,6 +180,7 @@ def serve(
         stop.set()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    gateway: Any = None
     try:
         try:
             server.start()
@@ -199,6 +206,19 @@ def serve(
         if restrict_admin and server.admin_key:
             con.print(f"admin APIs need header [bold]admin-key: {escape(server.admin_key)}[/] "
                       "(set TRITONFORGE_ADMIN_KEY to choose it)")
+        if openai_port and model:
+            import os
+
+            from tritonforge.gateway.runner import run_gateway_in_thread
+
+            try:
+                gateway = run_gateway_in_thread(
+                    options.grpc_url, model, host, openai_port,
+                    os.environ.get("TRITONFORGE_OPENAI_API_KEY") or None,
+                )
+            except RuntimeError as exc:
+                raise _fail(f"OpenAI gateway: {exc}") from None
+            con.print(f"OpenAI API on http://{options.endpoint(openai_port)}/v1")
         if ask and model:
             _ask(options.grpc_url, model, ask, max_tokens)
             if exit_after_ask:
@@ -210,10 +230,14 @@ def serve(
                 raise _fail(f"tritonserver exited unexpectedly.\n{server.log_tail()}")
             stop.wait(0.5)
     finally:
+        if gateway is not None:
+            gateway.stop()
+        was_running = server.process is not None
         code = server.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    con.print(f"stopped (exit code {code})")
+        if was_running:
+            con.print(f"stopped (tritonserver exit code {code})")
 
 
 def _tick(status: Any, seconds: float, stop: threading.Event) -> None:
