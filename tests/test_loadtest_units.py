@@ -171,6 +171,29 @@ def test_prompt_pool_cycles_in_a_seeded_order(counter) -> None:  # type: ignore[
         PromptPool([])
 
 
+def test_fast_counter_matches_the_served_models_tokenizer(counter) -> None:  # type: ignore[no-untyped-def]
+    from tritonforge.backends.preprocess import load_tokenizer
+
+    reference = load_tokenizer("package:smollm2-135m-instruct")  # transformers, as served
+    for name in sorted(BUILTIN_DATASETS):
+        for p in load_dataset(name, counter)[:4]:
+            assert counter.encode(p.text()) == reference.encode(p.text(), add_special_tokens=False)
+
+
+def test_tokenizer_json_alone_counts_like_the_model_reference(tmp_path: Path, counter) -> None:  # type: ignore[no-untyped-def]
+    from tritonforge.runtime.models import resolve_model
+
+    src = resolve_model("package:smollm2-135m-instruct") / "tokenizer.json"
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_bytes(src.read_bytes())
+    text = "Mixed text: 你好, world! 12345"
+    for ref in (str(tmp_path / "tok"), str(tmp_path / "tok" / "tokenizer.json")):
+        assert load_token_counter(ref).encode(text) == counter.encode(text)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(TokenizerError, match="cannot read"):
+        load_token_counter(str(tmp_path / "bad.json"))
+
+
 def test_tokenizer_setting_errors(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match="unknown packaged model"):
         load_token_counter("package:nope")

@@ -1,11 +1,12 @@
 """Counting tokens with the served model's tokenizer (genai-perf re-tokenizes output text).
 
 The tokenizer setting is a model reference as the deployment spec writes it
-(``package:smollm2-135m-instruct``, a ``.gguf`` file, or a Hugging Face folder). When the
-resolved folder has a ``tokenizer.json`` it is loaded with the ``tokenizers`` library
+(``package:smollm2-135m-instruct``, a ``.gguf`` file, or a Hugging Face folder), or just a
+``tokenizer.json`` file (or a folder holding one: no weights needed, e.g. on Locust
+workers). When there is a ``tokenizer.json`` it is loaded with the ``tokenizers`` library
 directly (well under a second, no transformers import); otherwise through transformers'
-``AutoTokenizer`` (``tritonforge.backends.preprocess.load_tokenizer``). Both give the same
-ids for the same tokenizer. One counter is cached per reference and process.
+``AutoTokenizer``, as ``tritonforge.backends.preprocess.load_tokenizer`` does. Both give
+the same ids for the same tokenizer. One counter is cached per reference and process.
 """
 
 from __future__ import annotations
@@ -50,25 +51,39 @@ class TokenCounter:
 _lock = threading.Lock()
 
 
+def _direct(ref: str) -> Path | None:
+    """A ``tokenizer.json`` named directly, or in a folder (no model weights needed)."""
+    p = Path(ref).expanduser()
+    if p.is_file() and p.suffix == ".json":
+        return p
+    if p.is_dir() and (p / "tokenizer.json").is_file():
+        return p / "tokenizer.json"
+    return None
+
+
 @functools.cache
 def _load(ref: str) -> TokenCounter:
-    folder: Path
-    try:
-        from tritonforge.runtime.models import ModelError, resolve_model
-
+    tj = _direct(ref)
+    folder: Path | None = None
+    if tj is None:
+        try:
+            from tritonforge.runtime.models import ModelError, resolve_model
+        except ImportError:  # loadtests installed without the generator part
+            raise TokenizerError(f"tokenizer {ref!r}: give a tokenizer.json file or a folder"
+                                 " holding one") from None
         try:
             folder = resolve_model(ref)
         except ModelError as exc:
             raise TokenizerError(f"tokenizer {ref!r}: {exc}") from None
-    except ImportError:  # loadtests installed without the generator part
-        folder = Path(ref)
-    if not folder.exists():
-        raise TokenizerError(f"tokenizer {ref!r}: no such model folder or file")
-    tj = folder / "tokenizer.json" if folder.is_dir() else None
-    if tj is not None and tj.is_file():
+        if (folder / "tokenizer.json").is_file():
+            tj = folder / "tokenizer.json"
+    if tj is not None:
         from tokenizers import Tokenizer
 
-        return TokenCounter(ref, Tokenizer.from_file(str(tj)), fast=True)
+        try:
+            return TokenCounter(ref, Tokenizer.from_file(str(tj)), fast=True)
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions
+            raise TokenizerError(f"tokenizer {ref!r}: cannot read {tj}: {exc}") from None
     try:
         from transformers import AutoTokenizer
 
