@@ -21,9 +21,9 @@ app = typer.Typer(
 def _register_all() -> None:
     # Imported lazily so that `tritonforge --help` stays fast and one broken group cannot
     # take the others down at import time.
-    from tritonforge.cli import gateway, generate, serve
+    from tritonforge.cli import doctor, gateway, generate, serve
 
-    for module in (generate, serve, gateway):
+    for module in (generate, serve, gateway, doctor):
         module.register(app)
     try:  # these live in other source folders of the package
         from tritonforge.cli import client_commands
