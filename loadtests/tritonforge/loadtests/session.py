@@ -178,8 +178,17 @@ def wire(events: Any) -> None:
             return
         try:
             s = settings_from(opts)
-            if STATE.role != "worker" and not s.model:
-                s = settings_from(_set(opts, model=_discover_model(s)))
+            if STATE.role != "worker":
+                if not getattr(opts, "user_classes", None):
+                    wanted = set(USER_CLASSES[s.protocol])
+                    # --protocol picks among the shipped users; others always run
+                    environment.user_classes[:] = [
+                        c for c in environment.user_classes
+                        if c.__module__ != "tritonforge.loadtests.users" or c.__name__ in wanted
+                    ]
+                if not s.model and any(getattr(c, "model", None) is None
+                                       for c in environment.user_classes):
+                    s = settings_from(_set(opts, model=_discover_model(s)))
             # Load the tokenizer and prompts now (cached): done while spawning, this CPU
             # work would stall a worker's heartbeats and the master would drop it.
             _check(s)
@@ -188,10 +197,6 @@ def wire(events: Any) -> None:
         STATE.settings = s
         if STATE.role == "worker":
             return
-        if not getattr(opts, "user_classes", None):
-            wanted = set(USER_CLASSES[s.protocol])
-            environment.user_classes[:] = [c for c in environment.user_classes
-                                           if c.__name__ in wanted]
         if s.prometheus_port >= 0:
             from tritonforge.loadtests.prom import start_exporter
 
