@@ -45,20 +45,24 @@ class TritonPythonModel:
 
     def _forward(self, request: Any) -> Any:
         inputs = []
+        batch = 1
         for t in ENSEMBLE_INPUTS:
             if t.name == "stream":
                 continue
             tensor = pb_utils.get_input_tensor_by_name(request, t.name)
             if tensor is not None:
                 inputs.append(tensor)
-        inputs.append(pb_utils.Tensor("stream", np.array([[False]], dtype=bool)))
+                batch = max(batch, int(tensor.as_numpy().shape[0]))
+        # Same batch size as the request's inputs, so preprocessing (not Triton's batch check
+        # on a tensor this model added) answers a wrong batch size, with its own message.
+        inputs.append(pb_utils.Tensor("stream", np.zeros((batch, 1), dtype=bool)))
         bls = pb_utils.InferenceRequest(
             model_name=self.target, requested_output_names=_OUTPUT_NAMES, inputs=inputs
         )
         parts: list[dict[str, np.ndarray]] = []
         for response in bls.exec(decoupled=True):
             if response.has_error():
-                return pb_utils.InferenceResponse(error=response.error())
+                return triton_io.forwarded_error(response.error())
             tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
             if tensors:
                 parts.append(tensors)

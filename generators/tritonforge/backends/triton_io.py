@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import locale
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,7 +13,14 @@ import triton_python_backend_utils as pb_utils
 
 from tritonforge.contract import Tensor
 
-__all__ = ["model_params", "read_inputs", "make_response", "error_response", "fix_locale"]
+__all__ = [
+    "error_response",
+    "fix_locale",
+    "forwarded_error",
+    "make_response",
+    "model_params",
+    "read_inputs",
+]
 
 
 def fix_locale() -> None:
@@ -50,4 +58,25 @@ def error_response(message: str, *, invalid: bool = True, cancelled: bool = Fals
         code = pb_utils.TritonError.INVALID_ARG
     else:
         code = pb_utils.TritonError.INTERNAL
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+# How tritonforge's models word an internal failure ("<step> failed: <reason>"); any other
+# message from a step is a refused request. The clients read in-stream errors the same way.
+_INTERNAL_MESSAGE = re.compile(r"\bfailed: |internal error|engine error", re.IGNORECASE)
+
+
+def forwarded_error(error: Any) -> Any:
+    """The response for an error a BLS call returned, keeping it a client error.
+
+    The Python backend hands BLS errors back as INTERNAL whatever their code was, so a
+    request the ensemble refused (INVALID_ARG) would reach a ``ModelInfer`` client as an
+    internal error (gRPC INTERNAL / HTTP 500). The code is kept when it survived; otherwise
+    it is recovered from the message's wording.
+    """
+    message = str(error.message()) if hasattr(error, "message") else str(error)
+    code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
+    if code == pb_utils.TritonError.INTERNAL and not _INTERNAL_MESSAGE.search(message):
+        cancelled = "request cancelled" in message
+        code = pb_utils.TritonError.CANCELLED if cancelled else pb_utils.TritonError.INVALID_ARG
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
