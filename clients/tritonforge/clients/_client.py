@@ -115,6 +115,13 @@ class Stream:
                     raise
                 time.sleep(client.backoff(attempt))
                 attempt += 1
+            except BaseException:
+                # Interrupted (timeout, Ctrl-C, close) before the first response: the request
+                # may be queued on the server, where only the engine's stop removes it.
+                if call is not None:
+                    call.cancel()
+                    client._stop_on_server(model, self.request.request_id)
+                raise
         self._call, self._first, self._rec, self._state = call, first, rec, _State.OPEN
 
     def _take(self) -> _wire.Event | None:
@@ -233,6 +240,13 @@ class AsyncStream:
                     raise
                 await asyncio.sleep(client.backoff(attempt))
                 attempt += 1
+            except BaseException:
+                # Interrupted (timeout, task cancellation) before the first response: the
+                # request may be queued on the server, where only the engine's stop removes it.
+                if call is not None:
+                    await call.cancel()
+                    await client._stop_on_server(model, self.request.request_id)
+                raise
         self._call, self._first, self._rec, self._state = call, first, rec, _State.OPEN
 
     async def _take(self) -> _wire.Event | None:

@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -51,6 +52,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("tritonforge.engine")
+# A stop that arrives before its request is kept this long (and at most this many).
+EARLY_STOP_SECONDS = 60.0
+EARLY_STOP_MAX = 4096
 
 
 def from_word_list(arr: np.ndarray | None) -> list[list[int]]:
@@ -272,6 +276,9 @@ class VllmEngineRunner:
         self._thread = threading.Thread(target=self._run_loop, name="tritonforge-engine", daemon=True)
         self._ids = itertools.count()
         self._live: dict[int, _Live] = {}
+        # Stops that named no live request: its request may still be on its way (queued in
+        # Triton, or in preprocessing), so it is cancelled on arrival. Bounded in age and count.
+        self._early_stops: OrderedDict[str, float] = OrderedDict()
         self._engine: Any = None
         self._tokenizer: Any = None
         self._kv_capacity = 0
@@ -340,6 +347,11 @@ class VllmEngineRunner:
 
     async def _stop(self, client_id: str) -> int:
         hits = [lv for lv in self._live.values() if client_id and lv.client_id == client_id]
+        if client_id and not hits:
+            self._early_stops[client_id] = time.monotonic()
+            self._early_stops.move_to_end(client_id)
+            while len(self._early_stops) > EARLY_STOP_MAX:
+                self._early_stops.popitem(last=False)
         for live in hits:
             if live.cancelled:
                 continue
@@ -349,6 +361,13 @@ class VllmEngineRunner:
             if live.task is not None:
                 live.task.cancel()
         return len(hits)
+
+    def _stopped_before_arrival(self, client_id: str) -> bool:
+        """Whether a stop for ``client_id`` came before its request (consumes the stop)."""
+        now = time.monotonic()
+        while self._early_stops and now - next(iter(self._early_stops.values())) > EARLY_STOP_SECONDS:
+            self._early_stops.popitem(last=False)
+        return bool(client_id) and self._early_stops.pop(client_id, None) is not None
 
     def _sampling_params(self, req: EngineRequest) -> Any:
         from vllm import SamplingParams
@@ -428,6 +447,9 @@ class VllmEngineRunner:
         pending: list[int] = list(req.input_ids) if not req.exclude_input_in_output else []
         pending_lp: list[float] = [0.0] * len(pending)
         try:
+            if self._stopped_before_arrival(client_id):
+                live.cancelled = True
+                raise asyncio.CancelledError  # answered as cancelled below; never reaches vLLM
             try:
                 params = self._sampling_params(req)
             except Exception as exc:  # vLLM's own validation of sampling values
