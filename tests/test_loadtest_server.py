@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import tritonforge.loadtests as loadtests_pkg
 from tritonforge.loadtests import prom
 from tritonforge.runtime.server import free_port
@@ -63,7 +62,8 @@ def _stats(out: Path) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def _summary(out: Path) -> dict[str, Any]:
-    return json.loads((out / "summary.json").read_text())
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
 
 
 def _assert_complete_run(out: Path, label: str, entries: tuple[str, ...]) -> dict[str, Any]:
@@ -146,8 +146,8 @@ def test_master_and_two_workers(triton_server: Any, tmp_path: Path) -> None:
     worker = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker",
               "--master-host", "127.0.0.1", "--master-port", str(port)]
     procs = [subprocess.Popen(master, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)]
-    procs += [subprocess.Popen(worker, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-              for _ in range(2)]
+    procs += [subprocess.Popen(worker, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                               env=env) for _ in range(2)]
     try:
         _, err = procs[0].communicate(timeout=BOUND + 15)
         for p in procs[1:]:
