@@ -37,7 +37,7 @@ def _env(server: Any) -> dict[str, str]:
 
 
 def _locust(server: Any, out: Path, *extra: str, protocol: str = "grpc", users: int = 2,
-            run_time: int = 8, max_tokens: int = 3) -> list[str]:
+            run_time: int = 6, max_tokens: int = 3) -> list[str]:
     return [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
         "-u", str(users), "-r", str(users), "-t", f"{run_time}s",
@@ -142,7 +142,7 @@ def test_master_and_two_workers(triton_server: Any, tmp_path: Path) -> None:
     env = _env(triton_server)
     master = _locust(triton_server, tmp_path, "--master", "--master-bind-host", "127.0.0.1",
                      "--master-bind-port", str(port), "--expect-workers", "2",
-                     "--expect-workers-max-wait", "20", run_time=10)
+                     "--expect-workers-max-wait", "20", run_time=8)
     worker = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker",
               "--master-host", "127.0.0.1", "--master-port", str(port)]
     procs = [subprocess.Popen(master, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)]
@@ -170,7 +170,7 @@ def test_impossible_slo_fails_the_run_through_the_cli(triton_server: Any, tmp_pa
     out = tmp_path / "results"
     cmd = [sys.executable, "-c", "from tritonforge.cli import main; main()", "loadtest", "--protocol", "grpc",
            "--url", triton_server.grpc_url, "--model", triton_server.model, "--users", "2",
-           "--spawn-rate", "2", "--duration", "8", "--max-tokens", "4", "--output", str(out),
+           "--spawn-rate", "2", "--duration", "6", "--max-tokens", "4", "--output", str(out),
            "--slo-ttft-p95-ms", "0.001", "--max-fail-ratio", "0"]
     res = _run(cmd, _env(triton_server))
     assert res.returncode == 3, (res.stdout[-2000:], res.stderr[-2000:])

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import grpc.experimental.gevent as grpc_gevent
 from gevent import GreenletExit  # type: ignore[import-untyped]
-from locust import User, constant, task
+from locust import User, constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import LocustError, StopUser
 from tritonforge.clients import Client, Request, TritonForgeError, _wire
@@ -200,6 +200,13 @@ def close_clients() -> None:
         _clients.clear()
     for c in clients:
         c.close()
+
+
+def _close_clients_at_exit(**_kw: Any) -> None:
+    close_clients()
+
+
+events.quitting.add_listener(_close_clients_at_exit)  # type: ignore[no-untyped-call]
 
 
 class GrpcStreamUser(TritonForgeUser):
