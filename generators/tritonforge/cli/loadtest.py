@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import enum
+import importlib.util
 import json
 import os
 import re
@@ -92,6 +93,8 @@ def build_command(
                         ("--max-fail-ratio", max_fail_ratio, 1.0)):
         if v is not None and (v < 0 or (hi is not None and v > hi)):
             raise UserError(f"{flag} must be {'in [0, 1]' if hi else '>= 0'}, got {v:g}")
+    if importlib.util.find_spec("locust") is None:  # found, not imported
+        raise UserError("Locust is not installed: pip install 'tritonforge[loadtest]'")
     address = url or f"127.0.0.1:{_DEFAULT_PORT[protocol]}"
     m = _ADDRESS.match(address.strip())
     if not m or not 0 < int(m.group("port")) < 65536:
