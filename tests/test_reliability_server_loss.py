@@ -32,7 +32,18 @@ STREAMS_PER_KIND = 2
 
 @pytest.fixture(scope="module")
 def own_server() -> Iterator[tuple[Any, Any]]:
-    server, handle = start_server(DEFAULT_REPO, log_name="reliability-server-loss")
+    # vLLM's CPU worker pins itself to core 0 by default; a second engine on the same machine
+    # (this one, beside the shared server) would share that one core. Let it float.
+    previous = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    try:
+        server, handle = start_server(DEFAULT_REPO, log_name="reliability-server-loss")
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = previous
+    server.options.env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # for the restart too
     handle.model = _default_model_name()
     try:
         yield server, handle
