@@ -169,7 +169,9 @@ def run_levels(name: str, base_url: str, folder: Path, served: str, levels: list
         print(f"\n=== {name}: concurrency {c}, {n} requests ===", flush=True)
         r = bench(base_url, folder, served, c, n, input_len, output_len)
         out[c] = {"tok_s": float(r["output_throughput"]), "ttft_ms": float(r["mean_ttft_ms"]),
-                  "completed": int(r["completed"]), "output_tokens": int(r["total_output_tokens"])}
+                  "completed": int(r["completed"]), "output_tokens": int(r["total_output_tokens"]),
+                  # the machine may be shared: the 1-minute load average after the level
+                  "load_1m": os.getloadavg()[0]}
     return out
 
 
@@ -233,7 +235,7 @@ def main() -> int:
         print(json.dumps(results, indent=2))
         return 0
     print(f"{'conc':>4} {'reqs':>4} | {'gateway tok/s':>13} {'vLLM tok/s':>10} {'ratio':>6} |"
-          f" {'gateway TTFT ms':>15} {'vLLM TTFT ms':>12} {'ratio':>6}")
+          f" {'gateway TTFT ms':>15} {'vLLM TTFT ms':>12} {'ratio':>6} | {'load gw':>7} {'load vL':>7}")
     rows = []
     for c, n in levels:
         g, v = results["gateway"][c], results["vllm"][c]
@@ -241,8 +243,10 @@ def main() -> int:
                "tok_s_ratio": g["tok_s"] / v["tok_s"], "ttft_ratio": g["ttft_ms"] / v["ttft_ms"]}
         rows.append(row)
         print(f"{c:>4} {n:>4} | {g['tok_s']:>13.1f} {v['tok_s']:>10.1f} {row['tok_s_ratio']:>6.2f} |"
-              f" {g['ttft_ms']:>15.0f} {v['ttft_ms']:>12.0f} {row['ttft_ratio']:>6.2f}")
-    print("ratios are gateway / vLLM: tok/s higher is better (goal >= 1.0), TTFT lower is better")
+              f" {g['ttft_ms']:>15.0f} {v['ttft_ms']:>12.0f} {row['ttft_ratio']:>6.2f} |"
+              f" {g['load_1m']:>7.1f} {v['load_1m']:>7.1f}")
+    print("ratios are gateway / vLLM: tok/s higher is better (goal >= 1.0), TTFT lower is better;"
+          f" load: 1-minute load average after each level ({os.cpu_count()} CPUs)")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=2))
     return 0
