@@ -23,13 +23,15 @@ command-line settings (``--model``, ``--max-tokens``, ``--dataset`` ...).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import gevent  # type: ignore[import-untyped]
 import grpc.experimental.gevent as grpc_gevent
-from gevent import GreenletExit  # type: ignore[import-untyped]
+from gevent import GreenletExit
 from locust import User, constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import LocustError, StopUser
@@ -53,6 +55,10 @@ __all__ = [
 ]
 
 grpc_gevent.init_gevent()
+# gRPC's gevent integration waits for each call's next message on a thread of the hub's
+# thread pool; its default size (10) would cap the streams in flight, whatever the users.
+_pool = gevent.get_hub().threadpool
+_pool.maxsize = max(_pool.maxsize, int(os.environ.get("TRITONFORGE_GRPC_THREADS", "512")))
 
 ENTRY_TTFT = "time_to_first_token"
 ENTRY_ITL = "inter_token_latency"
