@@ -92,7 +92,7 @@ class SoakResult:
 
 async def _soak(url: str, model: str, seconds: float, concurrency: int, pgid: int | None,
                 max_tokens: int, seed: int) -> SoakResult:
-    from tritonforge.clients import AsyncClient
+    from tritonforge.clients import AsyncClient, Request
 
     result = SoakResult(seconds=seconds, concurrency=concurrency)
     rng = random.Random(seed)
@@ -110,9 +110,12 @@ async def _soak(url: str, model: str, seconds: float, concurrency: int, pgid: in
 
         async def worker() -> None:
             while time.monotonic() < end:
-                prompt = rng.choice(PROMPTS)
+                # Chat messages (the model is an instruct model: a bare instruction may be
+                # answered by an immediate end-of-sequence); min_tokens=1 so every stream has
+                # output and an empty one is an error.
+                request = Request(messages=[{"role": "user", "content": rng.choice(PROMPTS)}])
                 try:
-                    async with client.stream(prompt, max_tokens=rng.randint(8, max_tokens),
+                    async with client.stream(request, max_tokens=rng.randint(8, max_tokens), min_tokens=1,
                                              temperature=rng.choice((0.0, 0.7))) as s:
                         async for _ in s:
                             pass
