@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 from tritonforge.backends.metrics import REQUESTS_FINISHED as FINISHED
 from tritonforge.backends.metrics import REQUESTS_RUNNING
@@ -25,7 +26,8 @@ from tritonforge.runtime.server import free_port
 pytestmark = pytest.mark.server
 
 PROMPT = "Once upon a time, there was a little"
-CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = "What is the capital of France?"
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
 MAX = 24
 LONG = 384  # a request still running when the test leaves it (see test_clients_server)
 SETTLE = 5.0
@@ -80,8 +82,9 @@ def test_models_lists_the_served_ensemble(sdk: openai.OpenAI, triton_server: Any
 
 def test_chat_greedy_equals_typed_client_streamed_or_not(sdk: openai.OpenAI, typed: Client,
                                                          triton_server: Any) -> None:
-    want = typed.chat(CHAT, max_tokens=MAX, temperature=0.0)
-    reply = sdk.chat.completions.create(model=triton_server.model, messages=CHAT,  # type: ignore[arg-type]
+    want = typed.chat([{"role": "user", "content": QUESTION}], max_tokens=MAX,
+                      temperature=0.0)
+    reply = sdk.chat.completions.create(model=triton_server.model, messages=CHAT,
                                         max_tokens=MAX, temperature=0.0)
     choice = reply.choices[0]
     assert choice.message.role == "assistant" and choice.message.content == want.text
@@ -92,7 +95,7 @@ def test_chat_greedy_equals_typed_client_streamed_or_not(sdk: openai.OpenAI, typ
     assert reply.usage.total_tokens == want.prompt_tokens + want.completion_tokens
 
     chunks = list(sdk.chat.completions.create(
-        model=triton_server.model, messages=CHAT, max_completion_tokens=MAX,  # type: ignore[arg-type]
+        model=triton_server.model, messages=CHAT, max_completion_tokens=MAX,
         temperature=0.0, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert len({c.id for c in chunks}) == 1
@@ -124,7 +127,7 @@ def test_completions_greedy_equals_typed_client_streamed_or_not(sdk: openai.Open
 
 
 def test_stop_seed_and_max_tokens(sdk: openai.OpenAI, triton_server: Any) -> None:
-    reply = sdk.chat.completions.create(model=triton_server.model, messages=CHAT,  # type: ignore[arg-type]
+    reply = sdk.chat.completions.create(model=triton_server.model, messages=CHAT,
                                         max_tokens=MAX, temperature=0.0, stop=[" Paris"])
     text = reply.choices[0].message.content or ""
     assert "Paris" not in text and text.startswith("The capital of France is")
@@ -153,12 +156,12 @@ def test_bad_max_tokens_is_bad_request_with_the_servers_message(sdk: openai.Open
             assert body["message"] == server.value.server_message
             assert body["param"] == "max_tokens" and body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        sdk.chat.completions.create(model=triton_server.model, messages=CHAT, n=2)  # type: ignore[arg-type]
+        sdk.chat.completions.create(model=triton_server.model, messages=CHAT, n=2)
 
 
 def test_unknown_model_is_not_found(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as exc:
-        sdk.chat.completions.create(model="gpt-4o", messages=CHAT)  # type: ignore[arg-type]
+        sdk.chat.completions.create(model="gpt-4o", messages=CHAT)
     assert exc.value.code == "model_not_found"
 
 
@@ -229,12 +232,12 @@ def test_metrics_count_requests_tokens_and_ttft(gateway: GatewayHandle, sdk: ope
     def delta(name: str, labels: tuple[tuple[str, str], ...] = ep) -> float:
         return _metrics(url).get((name, labels), 0.0) - before.get((name, labels), 0.0)
 
-    reply = sdk.chat.completions.create(model=triton_server.model, messages=CHAT, max_tokens=8)  # type: ignore[arg-type]
-    chunks = list(sdk.chat.completions.create(model=triton_server.model, messages=CHAT,  # type: ignore[arg-type]
+    reply = sdk.chat.completions.create(model=triton_server.model, messages=CHAT, max_tokens=8)
+    chunks = list(sdk.chat.completions.create(model=triton_server.model, messages=CHAT,
                                               max_tokens=8, stream=True,
                                               stream_options={"include_usage": True}))
     with pytest.raises(openai.BadRequestError):
-        sdk.chat.completions.create(model=triton_server.model, messages=CHAT, max_tokens=0)  # type: ignore[arg-type]
+        sdk.chat.completions.create(model=triton_server.model, messages=CHAT, max_tokens=0)
     assert reply.usage is not None and chunks[-1].usage is not None
     ok = (("endpoint", "/v1/chat/completions"), ("status", "200"))
     refused = (("endpoint", "/v1/chat/completions"), ("status", "400"))
