@@ -93,7 +93,15 @@ def resolve_model(ref: str, *, prepare: bool = True, progress: Progress | None =
     (the Python models call it so, since ``tritonforge serve`` prepares before starting).
     """
     if ref.startswith(PACKAGE_PREFIX):
-        gguf = _packaged_file(ref)
+        # Named by the model, not the install path: a container that only mounts the cache
+        # (a load generator needing the tokenizer) finds it without the package.
+        out = cache_dir() / "models" / f"{ref[len(PACKAGE_PREFIX):]}-v{_PREP_VERSION}"
+        if is_prepared(out):
+            return out
+        if not prepare:
+            raise ModelError(f"model {ref!r} is not prepared yet; run `tritonforge serve` once")
+        _convert_gguf(_packaged_file(ref), out, progress or (lambda _msg: None))
+        return out
     else:
         path = Path(os.path.expanduser(ref))
         if path.is_dir():
@@ -111,7 +119,7 @@ def resolve_model(ref: str, *, prepare: bool = True, progress: Progress | None =
     if is_prepared(out):
         return out
     if not prepare:
-        raise ModelError(f"model {ref!r} is not prepared yet; run `tritonforge prepare {ref}`")
+        raise ModelError(f"model {ref!r} is not prepared yet; run `tritonforge serve` once")
     _convert_gguf(gguf, out, progress or (lambda _msg: None))
     return out
 
