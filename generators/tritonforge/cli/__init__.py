@@ -19,22 +19,12 @@ app = typer.Typer(
 
 
 def _register_all() -> None:
-    # Imported lazily so that `tritonforge --help` stays fast and one broken group cannot
-    # take the others down at import time.
-    from tritonforge.cli import doctor, gateway, generate, serve
+    # Each command module imports its heavy dependencies inside its functions, so
+    # registering every group keeps `tritonforge --help` fast.
+    from tritonforge.cli import client_commands, doctor, gateway, generate, loadtest, serve
 
-    for module in (generate, serve, gateway, doctor):
+    for module in (generate, serve, client_commands, loadtest, gateway, doctor):
         module.register(app)
-    try:  # these live in other source folders of the package
-        from tritonforge.cli import client_commands
-        client_commands.register(app)
-    except ImportError:
-        pass
-    try:
-        from tritonforge.cli import loadtest
-        loadtest.register(app)
-    except ImportError:
-        pass
 
 
 def main() -> None:
