@@ -75,6 +75,16 @@ def test_incremental_detokenizer_is_exact(which: str, text: str, request: pytest
         assert "\ufffd" not in "".join(pieces)
 
 
+def test_a_character_cut_off_at_the_end_is_dropped(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    decode = make_decoder(smol_tokenizer)
+    ids = _encode(smol_tokenizer, "城市是北京")
+    cut = ids[:-1]
+    assert decode(cut).endswith("\ufffd")  # the last character's bytes are incomplete
+    detok = IncrementalDetokenizer(decode)
+    text = "".join(detok.push([i]) for i in cut) + detok.finish()
+    assert text == decode(cut).rstrip("\ufffd") and "\ufffd" not in text
+
+
 def test_naive_per_token_decoding_would_break_multibyte(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
     # Guards the test above: the input really splits characters across tokens.
     decode = make_decoder(smol_tokenizer)

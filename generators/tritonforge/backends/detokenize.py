@@ -74,8 +74,13 @@ class IncrementalDetokenizer:
         return delta
 
     def finish(self) -> str:
-        """Flush what is held back, reconciled with a decode of every token."""
-        full = self._decode(self.ids)
+        """Flush what is held back, reconciled with a decode of every token.
+
+        A generation cut off (max_tokens) in the middle of a multi-byte character ends with
+        bytes that are no character: they are dropped, as vLLM's own detokenizer does,
+        rather than shown as U+FFFD.
+        """
+        full = self._decode(self.ids).rstrip(_REPLACEMENT)
         sent = "".join(self._emitted)
         if full.startswith(sent):
             rest = full[len(sent):]

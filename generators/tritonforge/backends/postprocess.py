@@ -87,6 +87,8 @@ class Postprocessor:
 
         if not request_id:
             text = self.decode(ids)
+            if reason:  # a cut-off multi-byte character is dropped (see IncrementalDetokenizer)
+                text = text.rstrip("\ufffd")
             return PostResult(text, reason, n_input, len(ids))
         now = time.monotonic()
         state = self._states.get(request_id)
