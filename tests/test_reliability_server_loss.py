@@ -24,7 +24,7 @@ from tritonforge.clients import AsyncClient, Client, ServerUnavailable
 
 pytestmark = pytest.mark.server
 
-PROMPT = "Tell me a long story about a fox."
+PROMPT = "Once upon a time, there was a little"  # a completion prompt: never an immediate EOS
 LONG = 400
 TIMEOUT = 60.0  # the clients' request deadline: ServerUnavailable must come well before it
 STREAMS_PER_KIND = 2
@@ -71,7 +71,9 @@ def test_clients_raise_server_unavailable_and_recover_after_restart(own_server: 
         with Client(url, protocol=protocol, model=model) as c:  # type: ignore[arg-type]
             assert c.complete(PROMPT, max_tokens=4).completion_tokens > 0
 
-    sync_clients = {p: Client(u, protocol=p, model=model, timeout=TIMEOUT, connect_retries=0)  # type: ignore[arg-type]
+    # Default connect retries: they apply only before a stream's first response, and they let a
+    # client whose channel is still backing off reconnect once the server is back.
+    sync_clients = {p: Client(u, protocol=p, model=model, timeout=TIMEOUT)  # type: ignore[arg-type]
                     for p, u in (("grpc", h.grpc_url), ("http", h.http_url))}
     results: list[Any] = []
     events: list[threading.Event] = []
