@@ -198,7 +198,10 @@ def _swap_engine(trtllm_repo: Path, cpu_repo: Path) -> None:
     shutil.rmtree(trtllm_repo / name)
     shutil.copytree(cpu_repo / contract.MODEL_VLLM_ENGINE, trtllm_repo / name)
     cfg = trtllm_repo / name / "config.pbtxt"
-    cfg.write_text(cfg.read_text().replace(f'name: "{contract.MODEL_VLLM_ENGINE}"', f'name: "{name}"'))
+    batch = re.search(r"max_batch_size: (\d+)", (trtllm_repo / contract.MODEL_PREPROCESSING / "config.pbtxt").read_text())
+    assert batch is not None
+    text = cfg.read_text().replace(f'name: "{contract.MODEL_VLLM_ENGINE}"', f'name: "{name}"')
+    cfg.write_text(re.sub(r"max_batch_size: \d+", f"max_batch_size: {batch.group(1)}", text))
     key = contract.Param.MODEL.value
     for model in (contract.MODEL_PREPROCESSING, contract.MODEL_POSTPROCESSING):
         path = trtllm_repo / model / "config.pbtxt"
