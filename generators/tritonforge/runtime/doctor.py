@@ -228,7 +228,12 @@ def check_engine_import(python: str | None = None, timeout: float = 300.0) -> Ch
 
 
 def check_model_files(repo: Path) -> Check:
-    from tritonforge.runtime.models import ModelError, resolve_model
+    from tritonforge.runtime.models import (
+        PACKAGE_PREFIX,
+        PACKAGED_MODELS,
+        ModelError,
+        resolve_model,
+    )
 
     name = "model files"
     refs = _model_references(repo)
@@ -241,7 +246,12 @@ def check_model_files(repo: Path) -> Check:
         try:
             ready.append(f"{ref} -> {resolve_model(ref, prepare=False)}")
         except ModelError as exc:
-            (todo if "not prepared yet" in str(exc) else bad).append(str(exc))
+            package = ref[len(PACKAGE_PREFIX):] if ref.startswith(PACKAGE_PREFIX) else None
+            if package is not None and package not in PACKAGED_MODELS:
+                known = ", ".join(PACKAGE_PREFIX + k for k in PACKAGED_MODELS)
+                bad.append(f"unknown packaged model {ref!r}; known: {known}")
+            else:
+                (todo if "not prepared yet" in str(exc) else bad).append(str(exc))
     if bad:
         return Check(name, Status.FAIL, "; ".join(bad), "fix the model reference in the spec, or install its package")
     if todo:
