@@ -152,7 +152,6 @@ def main() -> None:
 
     os.environ.update(engine_env)
     from transformers import AutoTokenizer
-
     from tritonforge.backends.engine import VllmEngineRunner
 
     tok = AutoTokenizer.from_pretrained(str(folder))

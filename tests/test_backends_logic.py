@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from tritonforge import contract
 from tritonforge.backends.detokenize import IncrementalDetokenizer, make_decoder
 from tritonforge.backends.engine import StopMatcher, from_word_list, parse_engine_inputs
 from tritonforge.backends.errors import RequestError
 from tritonforge.backends.postprocess import Postprocessor
-from tritonforge.backends.preprocess import PreprocessSettings, Preprocessor, to_word_list
+from tritonforge.backends.preprocess import Preprocessor, PreprocessSettings, to_word_list
 from tritonforge.contract import SamplingDefaults, pre_output
 
 TEXTS = [

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from tritonforge import contract
 from tritonforge.clients import AsyncClient, Client
 

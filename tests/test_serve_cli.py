@@ -17,7 +17,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from tritonforge.runtime.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -136,7 +136,7 @@ class GrpcTransport:
         return str(reply.config.platform)
 
     def engine_of(self, model: str) -> str | None:
-        from google.protobuf.json_format import MessageToDict
+        from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 
         reply = self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
         return _wire.engine_step(MessageToDict(reply.config, preserving_proto_field_name=True))

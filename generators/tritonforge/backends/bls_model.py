@@ -45,7 +45,7 @@ _PRE_OUTPUTS = [t.name for t in PREPROCESSING_OUTPUTS]
 
 
 class _Live:
-    __slots__ = ("request", "request_id", "cancelled")
+    __slots__ = ("cancelled", "request", "request_id")
 
     def __init__(self, request: Any, request_id: str) -> None:
         self.request = request

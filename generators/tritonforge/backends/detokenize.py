@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["IncrementalDetokenizer", "Decoder", "make_decoder"]
+__all__ = ["Decoder", "IncrementalDetokenizer", "make_decoder"]
 
 Decoder = Callable[[Sequence[int]], str]
 _REPLACEMENT = "\ufffd"
@@ -48,7 +48,7 @@ def make_decoder(tokenizer: object, skip_special_tokens: bool = True) -> Decoder
 class IncrementalDetokenizer:
     """Per-request state: feed token ids as they stream, get exact text deltas back."""
 
-    __slots__ = ("_decode", "ids", "_prefix", "_read", "_emitted")
+    __slots__ = ("_decode", "_emitted", "_prefix", "_read", "ids")
 
     def __init__(self, decode: Decoder) -> None:
         self._decode = decode

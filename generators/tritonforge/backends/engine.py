@@ -46,9 +46,9 @@ __all__ = [
     "Responder",
     "StopMatcher",
     "VllmEngineRunner",
-    "parse_engine_inputs",
-    "from_word_list",
     "engine_outputs",
+    "from_word_list",
+    "parse_engine_inputs",
 ]
 
 log = logging.getLogger("tritonforge.engine")

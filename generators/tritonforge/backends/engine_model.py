@@ -30,7 +30,7 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class _DecoupledResponder:
-    __slots__ = ("request", "sender", "done")
+    __slots__ = ("done", "request", "sender")
 
     def __init__(self, request: Any) -> None:
         self.request = request

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["RequestError", "RequestCancelled"]
+__all__ = ["RequestCancelled", "RequestError"]
 
 
 class RequestError(ValueError):

@@ -23,7 +23,7 @@ import numpy as np
 from tritonforge.backends.detokenize import Decoder, IncrementalDetokenizer
 from tritonforge.contract import FinishReason
 
-__all__ = ["Postprocessor", "PostResult"]
+__all__ = ["PostResult", "Postprocessor"]
 
 
 @dataclass

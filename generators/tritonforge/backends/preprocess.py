@@ -18,7 +18,7 @@ from tritonforge import contract
 from tritonforge.backends.errors import RequestError
 from tritonforge.contract import LIMITS, Param, SamplingDefaults, pre_output
 
-__all__ = ["PreprocessSettings", "Preprocessor", "to_word_list", "load_tokenizer"]
+__all__ = ["PreprocessSettings", "Preprocessor", "load_tokenizer", "to_word_list"]
 
 _SCALAR_INPUTS = (
     "max_tokens", "end_id", "pad_id", "top_k", "top_p", "temperature", "length_penalty",

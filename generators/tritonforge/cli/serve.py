@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["serve", "register", "default_repository", "model_references"]
+__all__ = ["default_repository", "model_references", "register", "serve"]
 
 _MODEL_PARAM = re.compile(r'key:\s*"tritonforge_(?:model|tokenizer)"\s*value\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"')
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tritonforge.runtime.paths import cache_dir
 
-__all__ = ["PackagedModel", "PACKAGED_MODELS", "ModelError", "resolve_model", "is_prepared"]
+__all__ = ["PACKAGED_MODELS", "ModelError", "PackagedModel", "is_prepared", "resolve_model"]
 
 PACKAGE_PREFIX = "package:"
 _MARKER = ".tritonforge-prepared.json"

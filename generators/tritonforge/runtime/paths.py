@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_dir", "source_root", "CACHE_ENV"]
+__all__ = ["CACHE_ENV", "cache_dir", "source_root"]
 
 CACHE_ENV = "TRITONFORGE_CACHE"
 

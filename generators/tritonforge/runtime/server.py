@@ -33,10 +33,10 @@ from pathlib import Path
 from tritonforge.runtime.paths import cache_dir
 
 __all__ = [
+    "ServerError",
     "ServerInstall",
     "ServerOptions",
     "TritonServer",
-    "ServerError",
     "find_install",
     "free_port",
     "server_environment",
@@ -135,6 +135,10 @@ def server_environment(install: ServerInstall, extra: dict[str, str] | None = No
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # vLLM's CPU backend pins each engine's worker threads to core 0 by default; several
+    # engines on one small machine (tests, a benchmark beside a server) then share a single
+    # core and start in minutes instead of seconds. Let the OS place the threads.
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     if extra:
         env.update(extra)
     return env
