@@ -43,6 +43,7 @@ from tritonforge.clients.exceptions import (
     ServerUnavailable,
     StreamConsumed,
     StreamError,
+    Timeout,
     TritonForgeError,
 )
 from typing_extensions import Self, Unpack
@@ -115,11 +116,13 @@ class Stream:
                     raise
                 time.sleep(client.backoff(attempt))
                 attempt += 1
-            except BaseException:
+            except BaseException as exc:
                 # Interrupted (timeout, Ctrl-C, close) before the first response: the request
-                # may be queued on the server, where only the engine's stop removes it.
+                # may be queued on the server, where only the engine's stop removes it. Over
+                # HTTP a timeout can strike before there is a call object at all.
                 if call is not None:
                     call.cancel()
+                if call is not None or isinstance(exc, (Timeout, KeyboardInterrupt)):
                     client._stop_on_server(model, self.request.request_id)
                 raise
         self._call, self._first, self._rec, self._state = call, first, rec, _State.OPEN
@@ -240,11 +243,13 @@ class AsyncStream:
                     raise
                 await asyncio.sleep(client.backoff(attempt))
                 attempt += 1
-            except BaseException:
+            except BaseException as exc:
                 # Interrupted (timeout, task cancellation) before the first response: the
                 # request may be queued on the server, where only the engine's stop removes it.
+                # Over HTTP a timeout can strike before there is a call object at all.
                 if call is not None:
                     await call.cancel()
+                if call is not None or isinstance(exc, (Timeout, asyncio.CancelledError)):
                     await client._stop_on_server(model, self.request.request_id)
                 raise
         self._call, self._first, self._rec, self._state = call, first, rec, _State.OPEN

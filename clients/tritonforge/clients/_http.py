@@ -193,8 +193,11 @@ class HttpTransport:
         return _wire.engine_step(reply.json())
 
     def stop(self, engine: str, request_id: str, timeout: float) -> None:
-        self._client.post(f"/v2/models/{engine}/generate_stream", json=_wire.http_stop_body(request_id),
-                          headers=_SSE_HEADERS, timeout=timeout)
+        # Its own connection: the shared pool may be busy with the very stream being closed
+        # (from another thread), and the stop must not wait behind it.
+        with httpx.Client(base_url=self._client.base_url, timeout=timeout) as one_off:
+            one_off.post(f"/v2/models/{engine}/generate_stream",
+                         json=_wire.http_stop_body(request_id), headers=_SSE_HEADERS)
 
     def model_ready(self, model: str) -> bool:
         return self._call("GET", f"/v2/models/{model}/ready").status_code == 200
@@ -279,9 +282,9 @@ class AsyncHttpTransport:
         return _wire.engine_step(reply.json())
 
     async def stop(self, engine: str, request_id: str, timeout: float) -> None:
-        await self._client.post(f"/v2/models/{engine}/generate_stream",
-                                json=_wire.http_stop_body(request_id), headers=_SSE_HEADERS,
-                                timeout=timeout)
+        async with httpx.AsyncClient(base_url=self._client.base_url, timeout=timeout) as one_off:
+            await one_off.post(f"/v2/models/{engine}/generate_stream",
+                               json=_wire.http_stop_body(request_id), headers=_SSE_HEADERS)
 
     async def model_ready(self, model: str) -> bool:
         return (await self._call("GET", f"/v2/models/{model}/ready")).status_code == 200
