@@ -206,7 +206,7 @@ class BaseClient:
         model: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        connect_retries: int = 2,
+        connect_retries: int = 3,
         admin_key: str | None = None,
     ) -> None:
         self.protocol: Protocol = protocol
@@ -251,8 +251,9 @@ class BaseClient:
         return _wire.http_body(request)
 
     def backoff(self, attempt: int) -> float:
-        """Seconds to wait before connection retry ``attempt`` (0-based): 0.1, 0.2, 0.4 ... <= 2."""
-        return float(min(0.1 * (2**attempt), 2.0))
+        """Seconds to wait before connection retry ``attempt`` (0-based): 0.25, 0.5, 1 ... <= 2
+        (together longer than gRPC's 1 s reconnect back-off, so a restarted server is found)."""
+        return float(min(0.25 * (2**attempt), 2.0))
 
     def can_retry(self, attempt: int) -> bool:
         return attempt < self.connect_retries

@@ -357,7 +357,7 @@ class Client(BaseClient):
         model: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        connect_retries: int = 2,
+        connect_retries: int = 3,
         admin_key: str | None = None,
     ) -> None:
         super().__init__(url, protocol=protocol, model=model, timeout=timeout,
@@ -460,7 +460,7 @@ class AsyncClient(BaseClient):
         model: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        connect_retries: int = 2,
+        connect_retries: int = 3,
         admin_key: str | None = None,
     ) -> None:
         super().__init__(url, protocol=protocol, model=model, timeout=timeout,

@@ -33,7 +33,10 @@ _OPTIONS: Final = [
     # Reconnect quickly after a refused connection so connect retries can succeed.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # gRPC shares subchannels between channels to the same address by default, so a new
+    # client would inherit the reconnect back-off of an old one that saw the server go down.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 _T = TypeVar("_T")
