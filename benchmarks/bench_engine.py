@@ -151,6 +151,13 @@ def main() -> None:
     import os
 
     os.environ.update(engine_env)
+    # The same vLLM environment the server's Python backend gets (thread placement, caches).
+    from tritonforge.runtime.server import find_install, server_environment
+
+    served = server_environment(find_install())
+    for key, value in served.items():
+        if key.startswith("VLLM_"):
+            os.environ[key] = value
     from transformers import AutoTokenizer
     from tritonforge.backends.engine import VllmEngineRunner
 
