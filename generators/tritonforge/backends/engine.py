@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonforge.backends.errors import RequestError
-from tritonforge.contract import LIMITS, FinishReason
+from tritonforge.contract import LIMITS, FinishReason, SamplingDefaults
 
 __all__ = [
     "EngineRequest",
@@ -80,24 +80,30 @@ def from_word_list(arr: np.ndarray | None) -> list[list[int]]:
     return words
 
 
+_D = SamplingDefaults()
+
+
 @dataclass
 class EngineRequest:
+    """One request in engine-contract terms; absent optional inputs take the contract's
+    defaults (``SamplingDefaults``), except streaming (off unless asked for)."""
+
     input_ids: list[int]
     max_tokens: int
     end_id: int | None = None
     pad_id: int | None = None
-    top_k: int = 0
-    top_p: float = 1.0
-    temperature: float = 0.0
-    len_penalty: float = 1.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_tokens: int = 0
+    top_k: int = _D.top_k
+    top_p: float = _D.top_p
+    temperature: float = _D.temperature
+    len_penalty: float = _D.length_penalty
+    repetition_penalty: float = _D.repetition_penalty
+    presence_penalty: float = _D.presence_penalty
+    frequency_penalty: float = _D.frequency_penalty
+    min_tokens: int = _D.min_tokens
     seed: int | None = None
-    beam_width: int = 1
+    beam_width: int = _D.beam_width
     streaming: bool = False
-    exclude_input_in_output: bool = True
+    exclude_input_in_output: bool = _D.exclude_input_in_output
     return_log_probs: bool = False
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
