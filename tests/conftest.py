@@ -9,7 +9,9 @@ key.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,3 +104,31 @@ def triton_server() -> Iterator[ServerHandle]:
         yield handle
     finally:
         server.stop()  # type: ignore[attr-defined]
+
+
+def engine_gauge(metrics_url: str, name: str = "tritonforge_engine_requests_running") -> float:
+    """A tritonforge engine gauge on the server's metrics endpoint, summed over label sets."""
+    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and not line.startswith("#")
+    ]
+    assert values, f"{name} is not exported on {metrics_url}/metrics"
+    return sum(values)
+
+
+def wait_engine_gauge(
+    metrics_url: str,
+    predicate: Callable[[float], bool],
+    seconds: float = 5.0,
+    name: str = "tritonforge_engine_requests_running",
+) -> float:
+    """Poll the gauge until ``predicate`` holds or ``seconds`` pass; return the last value."""
+    deadline = time.monotonic() + seconds
+    value = engine_gauge(metrics_url, name)
+    while not predicate(value) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = engine_gauge(metrics_url, name)
+    return value

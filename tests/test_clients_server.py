@@ -11,11 +11,11 @@ import json
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import engine_gauge, wait_engine_gauge
 from tritonforge.backends.metrics import REQUESTS_RUNNING
 from tritonforge.clients import (
     AsyncClient,
@@ -57,25 +57,11 @@ def clients(triton_server: Any) -> Iterator[dict[str, Client]]:
 
 
 def _running(metrics_url: str) -> float:
-    """Sum of the engine's running-requests gauge over its label sets (Prometheus text)."""
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    values = [
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(REQUESTS_RUNNING) and not line.startswith("#")
-    ]
-    assert values, f"{REQUESTS_RUNNING} is not exported on {metrics_url}/metrics"
-    return sum(values)
+    return engine_gauge(metrics_url, REQUESTS_RUNNING)
 
 
 def _wait_running(metrics_url: str, predicate: Any, seconds: float = SETTLE) -> float:
-    deadline = time.monotonic() + seconds
-    value = _running(metrics_url)
-    while not predicate(value) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        value = _running(metrics_url)
-    return value
+    return wait_engine_gauge(metrics_url, predicate, seconds, REQUESTS_RUNNING)
 
 
 def _closed_port() -> int:

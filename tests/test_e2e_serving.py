@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import engine_gauge
 from tritonforge import contract
 from tritonforge.clients import AsyncClient, Client
 
@@ -47,10 +48,6 @@ def _metrics(url: str) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
-
-
-def _gauge(url: str, name: str) -> float:
-    return sum(v for k, v in _metrics(url).items() if k.startswith(name + "{"))
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +176,11 @@ def test_cancelling_a_stream_stops_generation(triton_server) -> None:  # type: i
                     break
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if _gauge(triton_server.metrics_url, "tritonforge_engine_requests_running") == 0:
+        if engine_gauge(triton_server.metrics_url, "tritonforge_engine_requests_running") == 0:
             break
         time.sleep(0.2)
-    assert _gauge(triton_server.metrics_url, "tritonforge_engine_requests_running") == 0
-    assert _gauge(triton_server.metrics_url, "tritonforge_engine_requests_waiting") == 0
+    assert engine_gauge(triton_server.metrics_url, "tritonforge_engine_requests_running") == 0
+    assert engine_gauge(triton_server.metrics_url, "tritonforge_engine_requests_waiting") == 0
     time.sleep(1.0)
     after = _metrics(triton_server.metrics_url)
     # Generation stopped long before max_tokens: the engine aborted the request.

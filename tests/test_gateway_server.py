@@ -18,6 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 from tritonforge.backends.metrics import REQUESTS_FINISHED as FINISHED
+from conftest import engine_gauge, wait_engine_gauge
 from tritonforge.backends.metrics import REQUESTS_RUNNING
 from tritonforge.clients import Client, InvalidRequest
 from tritonforge.gateway import GatewayHandle, run_gateway_in_thread
@@ -61,18 +62,11 @@ def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def _running(metrics_url: str) -> float:
-    values = [v for (name, _), v in _metrics(f"http://{metrics_url}/metrics").items() if name == REQUESTS_RUNNING]
-    assert values, f"{REQUESTS_RUNNING} is not exported on {metrics_url}"
-    return sum(values)
+    return engine_gauge(metrics_url, REQUESTS_RUNNING)
 
 
 def _wait_running(metrics_url: str, predicate: Any, seconds: float = SETTLE) -> float:
-    deadline = time.monotonic() + seconds
-    value = _running(metrics_url)
-    while not predicate(value) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        value = _running(metrics_url)
-    return value
+    return wait_engine_gauge(metrics_url, predicate, seconds, REQUESTS_RUNNING)
 
 
 # ---------------------------------------------------------------------------- same text
