@@ -8,7 +8,6 @@ until Ctrl-C / SIGTERM, then stop everything (the server's whole process group).
 from __future__ import annotations
 
 import hashlib
-import re
 import signal
 import sys
 import threading
@@ -19,8 +18,6 @@ from typing import Annotated, Any
 import typer
 
 __all__ = ["default_repository", "model_references", "register", "serve"]
-
-_MODEL_PARAM = re.compile(r'key:\s*"tritonforge_(?:model|tokenizer)"\s*value\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"')
 
 
 def _console(stderr: bool = False) -> Any:
@@ -49,13 +46,32 @@ def default_repository() -> Path:
     raise _fail("no default model repository found; pass a SPEC or --repo DIR", 2)
 
 
+def _configs(repo: Path) -> dict[str, Any]:
+    """Every model's config.pbtxt, parsed into Triton's own ``ModelConfig``."""
+    from google.protobuf import text_format  # type: ignore[import-untyped]
+    from tritonclient.grpc import model_config_pb2 as mc  # type: ignore[import-untyped]
+
+    out: dict[str, Any] = {}
+    for path in sorted(repo.glob("*/config.pbtxt")):
+        cfg = mc.ModelConfig()
+        try:
+            text_format.Parse(path.read_text(), cfg)
+        except (text_format.ParseError, UnicodeDecodeError) as exc:
+            raise _fail(f"{path} is not a valid model config ({exc}); run `tritonforge validate {repo}`", 2) from None
+        out[path.parent.name] = cfg
+    return out
+
+
 def model_references(repo: Path) -> list[str]:
     """Model references (``tritonforge_model`` / ``tritonforge_tokenizer``) the repository uses."""
-    refs: set[str] = set()
-    for cfg in sorted(repo.glob("*/config.pbtxt")):
-        for m in _MODEL_PARAM.finditer(cfg.read_text(errors="replace")):
-            refs.add(m.group(1).encode().decode("unicode_escape"))
-    return sorted(refs)
+    from tritonforge.contract import Param
+
+    keys = (Param.MODEL.value, Param.TOKENIZER.value)
+    return sorted({
+        cfg.parameters[k].string_value
+        for cfg in _configs(repo).values() for k in keys
+        if k in cfg.parameters and cfg.parameters[k].string_value
+    })
 
 
 def _repository_from_spec(spec_path: Path) -> Path:
@@ -86,10 +102,7 @@ def _repository_from_spec(spec_path: Path) -> Path:
 
 
 def _served_model(repo: Path) -> str | None:
-    for cfg in sorted(repo.glob("*/config.pbtxt")):
-        if 'platform: "ensemble"' in cfg.read_text(errors="replace"):
-            return cfg.parent.name
-    return None
+    return next((name for name, cfg in _configs(repo).items() if cfg.platform == "ensemble"), None)
 
 
 def serve(
