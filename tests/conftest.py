@@ -39,12 +39,12 @@ class ServerHandle:
 
 
 def _default_model_name() -> str:
-    from tritonforge.contract import MODEL_VLLM_ENGINE
+    from tritonforge.cli.serve import _served_model
 
-    for cfg in sorted(DEFAULT_REPO.glob("*/config.pbtxt")):
-        if 'platform: "ensemble"' in cfg.read_text():
-            return cfg.parent.name
-    raise RuntimeError(f"no ensemble in {DEFAULT_REPO} (engine {MODEL_VLLM_ENGINE})")
+    name = _served_model(DEFAULT_REPO)
+    if name is None:
+        raise RuntimeError(f"no ensemble in {DEFAULT_REPO}")
+    return name
 
 
 def start_server(repo: Path, *, log_name: str) -> tuple[object, ServerHandle]:
