@@ -86,7 +86,7 @@ class _Collect:
 
 
 def _bare_round(runner, ids_list, concurrency: int, max_tokens: int) -> tuple[float, list[float], int]:  # type: ignore[no-untyped-def]
-    from tritonforge.backends.engine import EngineRequest
+    from tritonforge.triton_models.engine import EngineRequest
 
     sem = threading.Semaphore(concurrency)
     ttfts: list[float] = []
@@ -159,7 +159,7 @@ def main() -> None:
         if key.startswith("VLLM_"):
             os.environ[key] = value
     from transformers import AutoTokenizer
-    from tritonforge.backends.engine import VllmEngineRunner
+    from tritonforge.triton_models.engine import VllmEngineRunner
 
     tok = AutoTokenizer.from_pretrained(str(folder))
     ids_list = [tok.encode(PROMPT.format(i=i), add_special_tokens=True) for i in range(args.requests)]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import engine_gauge, wait_engine_gauge
-from tritonforge.backends.metrics import REQUESTS_RUNNING
+from tritonforge.triton_models.metrics import REQUESTS_RUNNING
 from tritonforge.clients import (
     AsyncClient,
     Cancelled,

@@ -131,7 +131,11 @@ def test_gpu_profiles_reserve_gpus_and_use_ngc_images(resolved: dict[str, dict[s
         # the thin Python models import tritonforge: the checkout is on PYTHONPATH
         assert "/opt/tritonforge:ro" in " ".join(svc["volumes"])
         paths = svc["environment"]["PYTHONPATH"].split(":")
-        assert paths == [f"/opt/tritonforge/{d}" for d in ("generators", "clients", "loadtests")]
+        # every source folder of the package, as pyproject's editable install lists them
+        import tomllib
+
+        folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["dev-mode-dirs"]
+        assert sorted(paths) == sorted(f"/opt/tritonforge/{d}" for d in folders)
         assert all((ROOT / p.removeprefix("/opt/tritonforge/") / "tritonforge").is_dir()
                    for p in paths)
 

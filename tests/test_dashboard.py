@@ -1,7 +1,7 @@
 """The Grafana dashboard's queries against what the project really emits.
 
 * Static: every PromQL expression parses, and every metric it selects is one the project
-  emits: tritonforge's engine metrics (``backends/metrics.py``), the load-test exporter
+  emits: tritonforge's engine metrics (``triton_models/metrics.py``), the load-test exporter
   (``loadtests/prom.py``), Triton's own ``nv_inference_*`` (checked against a real scrape
   below) and TensorRT-LLM's ``nv_trt_llm_*`` (GPU only; their names and label values are the
   TensorRT-LLM backend's documented ones).
@@ -32,7 +32,7 @@ import httpx
 import promql_parser
 import pytest
 import yaml
-from tritonforge.backends import metrics as engine
+from tritonforge.triton_models import metrics as engine
 from tritonforge.contract import MODEL_VLLM_ENGINE
 from tritonforge.loadtests import prom
 from tritonforge.loadtests.prom import start_exporter

@@ -17,9 +17,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
-from tritonforge.backends.metrics import REQUESTS_FINISHED as FINISHED
+from tritonforge.triton_models.metrics import REQUESTS_FINISHED as FINISHED
 from conftest import engine_gauge, wait_engine_gauge
-from tritonforge.backends.metrics import REQUESTS_RUNNING
+from tritonforge.triton_models.metrics import REQUESTS_RUNNING
 from tritonforge.clients import Client, InvalidRequest
 from tritonforge.gateway import GatewayHandle, run_gateway_in_thread
 from tritonforge.runtime.server import free_port

@@ -172,7 +172,7 @@ def test_prompt_pool_cycles_in_a_seeded_order(counter) -> None:  # type: ignore[
 
 
 def test_fast_counter_matches_the_served_models_tokenizer(counter) -> None:  # type: ignore[no-untyped-def]
-    from tritonforge.backends.preprocess import load_tokenizer
+    from tritonforge.triton_models.preprocess import load_tokenizer
 
     reference = load_tokenizer("package:smollm2-135m-instruct")  # transformers, as served
     for name in sorted(BUILTIN_DATASETS):

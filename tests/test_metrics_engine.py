@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from tritonforge.backends import metrics as m
-from tritonforge.backends.metrics import EngineMetrics
+from tritonforge.triton_models import metrics as m
+from tritonforge.triton_models.metrics import EngineMetrics
 from tritonforge.contract import FinishReason
 
 

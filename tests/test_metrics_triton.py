@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tritonforge.backends import metrics as m
-from tritonforge.backends.metrics import EngineMetrics
+from tritonforge.triton_models import metrics as m
+from tritonforge.triton_models.metrics import EngineMetrics
 from tritonforge.runtime.server import ServerError, ServerOptions, free_port, running
 
 MODEL = "metrics_probe"
@@ -27,7 +27,7 @@ MODEL_PY = '''
 import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from tritonforge.backends.metrics import EngineMetrics
+from tritonforge.triton_models.metrics import EngineMetrics
 from tritonforge.runtime.server import ServerError, ServerOptions, free_port, running
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tritonforge.backends.metrics import KV_CACHE_USAGE, REQUESTS_RUNNING, REQUESTS_WAITING
+from tritonforge.triton_models.metrics import KV_CACHE_USAGE, REQUESTS_RUNNING, REQUESTS_WAITING
 from tritonforge.clients import AsyncClient, Cancelled
 from tritonforge.contract import MODEL_BLS
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tritonforge.backends import engine as E
+from tritonforge.triton_models import engine as E
 
 
 def _runner() -> E.VllmEngineRunner:

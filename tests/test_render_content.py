@@ -128,7 +128,7 @@ def test_default_repository_settings() -> None:
         src = files[f"{rel}/1/model.py"].decode()
         code = [ln for ln in src.splitlines() if ln.startswith(("from ", "import "))]
         assert len(code) == 1 and code[0].endswith("import TritonPythonModel  # noqa: F401")
-        assert code[0].startswith("from tritonforge.backends.")
+        assert code[0].startswith("from tritonforge.triton_models.")
 
 
 def test_ensemble_wiring_follows_the_contract() -> None:

@@ -1,8 +1,10 @@
 """tritonforge: serve LLMs on NVIDIA Triton Inference Server, boringly reliably.
 
-The package is assembled from three source folders (``generators/``, ``clients/``,
-``loadtests/``); in a wheel they are merged, in an editable install ``extend_path`` joins
-them.
+One import namespace over several source folders, one per layer: ``generators/``
+(contract, spec, rendering), ``triton_models/`` (what runs inside tritonserver),
+``runtime/`` (launching the server, preparing models), ``gateway/``, ``cli/``,
+``clients/`` and ``loadtests/``. In a wheel they are merged; in an editable install
+``extend_path`` joins them.
 """
 
 from pkgutil import extend_path

@@ -27,11 +27,11 @@ __all__ = [
 ]
 
 PYTHON_MODULES: dict[str, str] = {
-    C.MODEL_PREPROCESSING: "tritonforge.backends.preprocessing_model",
-    C.MODEL_VLLM_ENGINE: "tritonforge.backends.engine_model",
-    C.MODEL_POSTPROCESSING: "tritonforge.backends.postprocessing_model",
-    "sync": "tritonforge.backends.sync_model",
-    C.MODEL_BLS: "tritonforge.backends.bls_model",
+    C.MODEL_PREPROCESSING: "tritonforge.triton_models.preprocessing_model",
+    C.MODEL_VLLM_ENGINE: "tritonforge.triton_models.engine_model",
+    C.MODEL_POSTPROCESSING: "tritonforge.triton_models.postprocessing_model",
+    "sync": "tritonforge.triton_models.sync_model",
+    C.MODEL_BLS: "tritonforge.triton_models.bls_model",
 }
 
 

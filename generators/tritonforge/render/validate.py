@@ -156,7 +156,7 @@ class _Checker:
                     self.add(path, name, f"parameter {C.Param.TARGET_MODEL.value} names model "
                              f"{target!r}, which is not in the repository. Fix: regenerate")
                 src = self.files.get(f"{name}/1/model.py", b"").decode("utf-8", "replace")
-                if "tritonforge.backends.sync_model" in src and \
+                if "tritonforge.triton_models.sync_model" in src and \
                         cfg.model_transaction_policy.decoupled:
                     self.add(path, name, "the non-streaming (*_sync) model is decoupled; it must "
                              "answer with exactly one response. Fix: decoupled: false")

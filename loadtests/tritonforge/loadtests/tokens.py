@@ -5,7 +5,7 @@ The tokenizer setting is a model reference as the deployment spec writes it
 ``tokenizer.json`` file (or a folder holding one: no weights needed, e.g. on Locust
 workers). When there is a ``tokenizer.json`` it is loaded with the ``tokenizers`` library
 directly (well under a second, no transformers import); otherwise through transformers'
-``AutoTokenizer``, as ``tritonforge.backends.preprocess.load_tokenizer`` does. Both give
+``AutoTokenizer``, as ``tritonforge.triton_models.preprocess.load_tokenizer`` does. Both give
 the same ids for the same tokenizer. One counter is cached per reference and process.
 """
 

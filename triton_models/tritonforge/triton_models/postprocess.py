@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonforge.backends.detokenize import Decoder, IncrementalDetokenizer
+from tritonforge.triton_models.detokenize import Decoder, IncrementalDetokenizer
 from tritonforge.contract import FinishReason
 
 __all__ = ["PostResult", "Postprocessor"]

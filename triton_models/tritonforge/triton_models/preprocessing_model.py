@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tritonforge.backends import triton_io
-from tritonforge.backends.errors import RequestError
-from tritonforge.backends.preprocess import Preprocessor
+from tritonforge.triton_models import triton_io
+from tritonforge.triton_models.errors import RequestError
+from tritonforge.triton_models.preprocess import Preprocessor
 from tritonforge.contract import PREPROCESSING_INPUTS
 
 __all__ = ["TritonPythonModel"]

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tritonforge import contract
-from tritonforge.backends.detokenize import IncrementalDetokenizer, make_decoder
-from tritonforge.backends.engine import StopMatcher, from_word_list, parse_engine_inputs
-from tritonforge.backends.errors import RequestError
-from tritonforge.backends.postprocess import Postprocessor
-from tritonforge.backends.preprocess import Preprocessor, PreprocessSettings, to_word_list
+from tritonforge.triton_models.detokenize import IncrementalDetokenizer, make_decoder
+from tritonforge.triton_models.engine import StopMatcher, from_word_list, parse_engine_inputs
+from tritonforge.triton_models.errors import RequestError
+from tritonforge.triton_models.postprocess import Postprocessor
+from tritonforge.triton_models.preprocess import Preprocessor, PreprocessSettings, to_word_list
 from tritonforge.contract import SamplingDefaults, pre_output
 
 TEXTS = [
@@ -33,7 +33,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def smol_tokenizer():  # type: ignore[no-untyped-def]
-    from tritonforge.backends.preprocess import load_tokenizer
+    from tritonforge.triton_models.preprocess import load_tokenizer
 
     return load_tokenizer("package:smollm2-135m-instruct")
 

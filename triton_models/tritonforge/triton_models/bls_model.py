@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.backends import triton_io
-from tritonforge.backends.detokenize import make_decoder
-from tritonforge.backends.postprocess import Postprocessor
-from tritonforge.backends.preprocess import load_tokenizer
+from tritonforge.triton_models import triton_io
+from tritonforge.triton_models.detokenize import make_decoder
+from tritonforge.triton_models.postprocess import Postprocessor
+from tritonforge.triton_models.preprocess import load_tokenizer
 from tritonforge.contract import (
     ENGINE_EXTRA_OUTPUTS,
     ENSEMBLE_INPUTS,
@@ -131,7 +131,7 @@ class TritonPythonModel:
         self._run(request, send, streaming=False)
         if error:
             return error[0]
-        from tritonforge.backends.sync_model import merge_responses
+        from tritonforge.triton_models.sync_model import merge_responses
 
         return triton_io.make_response(merge_responses(parts))
 

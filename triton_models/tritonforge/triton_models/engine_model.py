@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.backends import triton_io
-from tritonforge.backends.engine import VllmEngineRunner, engine_outputs, parse_engine_inputs
-from tritonforge.backends.errors import RequestError
+from tritonforge.triton_models import triton_io
+from tritonforge.triton_models.engine import VllmEngineRunner, engine_outputs, parse_engine_inputs
+from tritonforge.triton_models.errors import RequestError
 from tritonforge.contract import ENGINE_INPUTS, FinishReason, Param
 
 __all__ = ["TritonPythonModel"]
@@ -90,7 +90,7 @@ class TritonPythonModel:
         lora = json.loads(params.get(Param.LORA_ADAPTERS.value) or "{}")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         try:
-            from tritonforge.backends.metrics import EngineMetrics
+            from tritonforge.triton_models.metrics import EngineMetrics
 
             metrics: Any = EngineMetrics(args["model_name"], args.get("model_version", "1"))
         except ImportError:

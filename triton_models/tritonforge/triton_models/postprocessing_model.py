@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tritonforge.backends import triton_io
-from tritonforge.backends.detokenize import make_decoder
-from tritonforge.backends.postprocess import Postprocessor
-from tritonforge.backends.preprocess import load_tokenizer
+from tritonforge.triton_models import triton_io
+from tritonforge.triton_models.detokenize import make_decoder
+from tritonforge.triton_models.postprocess import Postprocessor
+from tritonforge.triton_models.preprocess import load_tokenizer
 from tritonforge.contract import POSTPROCESSING_INPUTS, Param
 
 __all__ = ["TritonPythonModel"]

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tritonforge.backends.errors import RequestError
+from tritonforge.triton_models.errors import RequestError
 from tritonforge.contract import LIMITS, FinishReason, SamplingDefaults
 
 __all__ = [

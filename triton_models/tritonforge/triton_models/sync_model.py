@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonforge.backends import triton_io
+from tritonforge.triton_models import triton_io
 from tritonforge.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, Param
 
 __all__ = ["TritonPythonModel", "merge_responses"]

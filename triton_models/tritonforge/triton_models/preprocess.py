@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tritonforge import contract
-from tritonforge.backends.errors import RequestError
+from tritonforge.triton_models.errors import RequestError
 from tritonforge.contract import LIMITS, Param, SamplingDefaults, pre_output
 
 __all__ = ["PreprocessSettings", "Preprocessor", "load_tokenizer", "to_word_list"]
