@@ -5,7 +5,7 @@
 1. Starts the real bundled tritonserver on the default repository (model_repository/) and
    streams the workload through the ensemble with the typed async gRPC client at each
    concurrency, then stops it.
-2. Runs the SAME engine (tritonforge's VllmEngineRunner, same engine arguments read from the
+2. Runs the SAME engine (tritonforge's EngineRunner over its vLLM adapter, same engine arguments read from the
    repository's vllm_engine config, same token ids) in this process, without Triton.
 3. Prints tok/s per concurrency for both, c16/c1 through Triton, Triton/bare per concurrency,
    and the TTFT p50 overhead.
@@ -77,7 +77,7 @@ class _Collect:
         if final:
             self.done.set()
 
-    def send_error(self, message, *, invalid, cancelled=False):  # type: ignore[no-untyped-def]
+    def send_error(self, kind, message, param=None):  # type: ignore[no-untyped-def]
         print("error:", message, file=sys.stderr)
         self.done.set()
 
@@ -98,8 +98,8 @@ def _bare_round(runner, ids_list, concurrency: int, max_tokens: int) -> tuple[fl
         with sem:
             c = _Collect()
             sent = time.perf_counter()
-            runner.submit(EngineRequest(input_ids=ids, max_tokens=max_tokens, min_tokens=max_tokens,
-                                        streaming=True, temperature=0.0, end_id=2), c)
+            runner.submit(EngineRequest(input_ids=ids, max_tokens=max_tokens, streaming=True, end_id=2,
+                                        sampling={"min_tokens": max_tokens, "temperature": 0.0}), c)
             c.done.wait()
             with lock:
                 total += c.tokens
@@ -159,11 +159,12 @@ def main() -> None:
         if key.startswith("VLLM_"):
             os.environ[key] = value
     from transformers import AutoTokenizer
-    from tritonforge.triton_models.engine import VllmEngineRunner
+    from tritonforge.triton_models.engine import EngineRunner
+    from tritonforge.triton_models.engine.vllm import VllmAdapter
 
     tok = AutoTokenizer.from_pretrained(str(folder))
     ids_list = [tok.encode(PROMPT.format(i=i), add_special_tokens=True) for i in range(args.requests)]
-    runner = VllmEngineRunner(str(folder), engine_args)
+    runner = EngineRunner(VllmAdapter(str(folder), engine_args))
     print("starting the bare engine in-process ...", flush=True)
     runner.start()
     try:

@@ -14,8 +14,12 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from vllm_oracle import VllmOracle
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REPO = ROOT / "model_repository"
@@ -132,3 +136,24 @@ def wait_engine_gauge(
         time.sleep(0.1)
         value = engine_gauge(metrics_url, name)
     return value
+
+
+def start_oracle(engine_args: dict[str, object] | None = None) -> "VllmOracle":
+    """vLLM's offline LLM API in its own process, on the default model (see vllm_oracle)."""
+    from tritonforge.runtime.models import resolve_model
+    from tritonforge.runtime.server import find_install, server_environment
+    from vllm_oracle import VllmOracle
+
+    folder = resolve_model("package:smollm2-135m-instruct")
+    env = server_environment(find_install(), {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    return VllmOracle(folder, engine_args, env)
+
+
+@pytest.fixture(scope="session")
+def vllm_oracle() -> Iterator["VllmOracle"]:
+    """One offline vLLM per test session: the reference output serving tests compare with."""
+    oracle = start_oracle()
+    try:
+        yield oracle
+    finally:
+        oracle.close()

@@ -248,7 +248,7 @@ def test_invalid_max_tokens_client_side_and_server_side(triton_server: Any, prot
         with pytest.raises(InvalidRequest) as local:
             client.complete(PROMPT, max_tokens=0)
         assert local.value.server_message is None
-        client._check_requests = False  # send what only the server can refuse
+        client.check_requests = False  # send what only the server can refuse
         with pytest.raises(InvalidRequest, match="max_tokens") as remote:
             client.complete(PROMPT, max_tokens=0)
         assert remote.value.server_message and "max_tokens" in remote.value.server_message

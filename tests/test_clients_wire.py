@@ -10,12 +10,15 @@ import pytest
 from tritonclient.grpc import service_pb2
 from tritonforge import contract
 from tritonforge.clients import (
+    Cancelled,
     Chunk,
     Client,
     Completion,
+    EngineError,
     FinishReason,
     InvalidRequest,
     ModelNotReady,
+    Overloaded,
     ProtocolError,
     Request,
     ServerError,
@@ -33,7 +36,8 @@ from tritonforge.clients._http import translate as translate_http
     ("fields", "words"),
     [
         ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-        ({"prompt": "hi", "max_tokens": contract.LIMITS.max_tokens_max + 1}, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": int(contract.param("max_tokens").high or 0) + 1}, "max_tokens"),
+        ({"prompt": "hi", "min_p": -0.5}, "min_p"),
         ({"prompt": "hi", "max_tokens": 2.5}, "integer"),
         ({"prompt": "hi", "temperature": -0.1}, "temperature"),
         ({"prompt": "hi", "top_p": 0.0}, "top_p"),
@@ -158,16 +162,31 @@ def test_grpc_response_decoding() -> None:
     assert (empty_final.text, empty_final.tokens, empty_final.final) == ("", 0, True)
 
 
-def test_grpc_error_message_in_stream_is_typed() -> None:
-    with pytest.raises(InvalidRequest, match="max_tokens") as info:
-        _wire.grpc_event(_stream_response(None, "", 0, 0, final=True, error="max_tokens must be >= 1"))
-    assert info.value.server_message == "max_tokens must be >= 1"
-    with pytest.raises(ServerError):
-        _wire.grpc_event(_stream_response(None, "", 0, 0, final=True, error="postprocessing failed: boom"))
-    with pytest.raises(ModelNotReady):
-        _wire.grpc_event(
-            _stream_response(None, "", 0, 0, final=True, error="Request for unknown model: 'x' is not found")
-        )
+def _tagged(kind: contract.ErrorKind, message: str, param: str | None = None) -> str:
+    # as tritonforge's models write it, behind the prefix Triton's ensembles add
+    return "in ensemble 'smollm2', " + contract.format_error(kind, message, param)
+
+
+def test_grpc_error_message_in_stream_is_typed_by_its_tag() -> None:
+    def raised(error: str) -> Exception:
+        with pytest.raises(Exception) as info:
+            _wire.grpc_event(_stream_response(None, "", 0, 0, final=True, error=error))
+        return info.value
+
+    err = raised(_tagged(contract.ErrorKind.INVALID_REQUEST, "max_tokens must be >= 1", "max_tokens"))
+    assert isinstance(err, InvalidRequest) and err.param == "max_tokens"
+    assert err.server_message == "max_tokens must be >= 1" and str(err) == "max_tokens must be >= 1"
+    # an engine failure is not the request's fault, even though it reads "engine error: invalid ..."
+    err = raised(_tagged(contract.ErrorKind.ENGINE_FAILURE, "engine error: invalid state"))
+    assert isinstance(err, EngineError) and isinstance(err, ServerError)
+    assert isinstance(raised(_tagged(contract.ErrorKind.INTERNAL, "postprocessing failed: boom")), ServerError)
+    assert isinstance(raised(_tagged(contract.ErrorKind.OVERLOADED, "queue full")), Overloaded)
+    assert isinstance(raised(_tagged(contract.ErrorKind.NOT_READY, "engine is gone")), ModelNotReady)
+    assert isinstance(raised(_tagged(contract.ErrorKind.CANCELLED, "request cancelled")), Cancelled)
+    # Triton's own (untagged) in-stream errors are refusals; the client asks the server
+    # whether the model is ready to tell an unknown model apart (see test_clients_server)
+    err = raised("Request for unknown model: 'x' is not found")
+    assert isinstance(err, InvalidRequest) and err.kind is None
 
 
 def test_grpc_bad_finish_reason_is_protocol_error() -> None:
@@ -206,10 +225,15 @@ def test_sse_decoding() -> None:
 
 
 def test_http_status_errors() -> None:
-    err = status_error(400, error_text('{"error":"Request for unknown model: \'nope\' is not found"}'))
+    err = status_error(404, error_text('{"error":"Request for unknown model: \'nope\' is not found"}'))
     assert isinstance(err, ModelNotReady)
-    err = status_error(400, error_text('{"error":"max_tokens must be an integer in [1, 9]"}'))
+    tagged = contract.format_error(contract.ErrorKind.INVALID_REQUEST, "max_tokens must be an integer in [1, 9]",
+                                   "max_tokens")
+    err = status_error(400, error_text(json.dumps({"error": tagged})))
     assert isinstance(err, InvalidRequest) and err.server_message == "max_tokens must be an integer in [1, 9]"
+    assert err.param == "max_tokens"
+    engine = contract.format_error(contract.ErrorKind.ENGINE_FAILURE, "engine error: boom")
+    assert isinstance(status_error(400, engine), EngineError)  # the tag wins over the status
     assert isinstance(status_error(503, "going away"), ServerUnavailable)
     assert isinstance(status_error(500, "boom"), ServerError)
 

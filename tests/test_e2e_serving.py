@@ -11,15 +11,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -28,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import engine_gauge
 from tritonforge import contract
-from tritonforge.clients import AsyncClient, Client
+from tritonforge.clients import AsyncClient, Client, InvalidRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_REF = "package:smollm2-135m-instruct"
@@ -51,42 +45,10 @@ def _metrics(url: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def vllm_reference() -> dict[str, str]:
-    """vLLM's own greedy text for each prompt (offline LLM API, in a subprocess)."""
-    from tritonforge.runtime.models import resolve_model
-    from tritonforge.runtime.server import find_install, server_environment
-
-    folder = resolve_model(MODEL_REF)
-    script = textwrap.dedent(
-        """
-        import json, sys
-        from transformers import AutoTokenizer
-        from vllm import LLM, SamplingParams
-        folder, prompts = sys.argv[1], json.loads(sys.argv[2])
-        tok = AutoTokenizer.from_pretrained(folder)
-        llm = LLM(model=folder, enforce_eager=True, max_model_len=2048, seed=0)
-        out = {}
-        for key, (prompt, n) in prompts.items():
-            ids = tok.encode(prompt, add_special_tokens=True)
-            res = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=n))
-            out[key] = res[0].outputs[0].text
-        print("RESULT" + json.dumps(out))
-        """
-    )
-    env = server_environment(find_install(), {"VLLM_CPU_KVCACHE_SPACE": "1"})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script, str(folder), json.dumps(PROMPTS)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,  # so a timeout also ends vLLM's engine-core child
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=900)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT")), None)
-    assert line is not None, stderr[-3000:]
-    return dict(json.loads(line[len("RESULT"):]))
+def vllm_reference(vllm_oracle) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """vLLM's own greedy text for each prompt (offline LLM API, in its own process)."""
+    return {key: vllm_oracle.generate(prompt, temperature=0, max_tokens=n)["text"]
+            for key, (prompt, n) in PROMPTS.items()}
 
 
 def _http_generate(http_url: str, model: str, prompt: str, max_tokens: int) -> dict:
@@ -235,3 +197,23 @@ def test_tensorrt_llm_ensemble_runs_with_the_cpu_engine(tmp_path: Path, vllm_ref
         assert text == vllm_reference["story"]
     finally:
         server.stop()  # type: ignore[attr-defined]
+
+
+def test_min_p_is_honoured_and_equals_vllm(triton_server, vllm_oracle) -> None:  # type: ignore[no-untyped-def]
+    """min_p (added as one row of the parameter table): sampled output with a fixed seed is
+    vLLM's own for the same SamplingParams, and differs from the output without min_p."""
+    prompt, n = PROMPTS["story"]
+    changed = 0
+    with Client(triton_server.grpc_url, model=triton_server.model) as client:
+        for seed in (11, 12, 13):
+            served = client.complete(prompt, max_tokens=n, temperature=1.5, min_p=0.3, seed=seed).text
+            plain = client.complete(prompt, max_tokens=n, temperature=1.5, seed=seed).text
+            want = vllm_oracle.generate(prompt, max_tokens=n, temperature=1.5, min_p=0.3, seed=seed)["text"]
+            assert served == want, seed
+            changed += served != plain
+    assert changed, "min_p=0.3 never changed the sampled text"
+    for protocol, url in (("grpc", triton_server.grpc_url), ("http", triton_server.http_url)):
+        with Client(url, protocol=protocol, model=triton_server.model, check_requests=False) as client:  # type: ignore[arg-type]
+            with pytest.raises(InvalidRequest, match=r"min_p must be a number in \[0, 1\]") as info:
+                client.complete(prompt, max_tokens=4, min_p=2.0)
+            assert info.value.param == "min_p"

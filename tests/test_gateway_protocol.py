@@ -14,6 +14,9 @@ from tritonforge.cli import gateway as cli_gateway
 from tritonforge.gateway import API_KEY_ENV, GatewayConfig, create_app
 from tritonforge.gateway import protocol as oai
 from typer.testing import CliRunner
+from tritonforge import contract
+from tritonforge.clients import _wire
+from tritonforge.gateway.app import translate
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -93,15 +96,31 @@ def test_type_errors_name_the_field() -> None:
     assert exc.value.param == "messages"
 
 
-@pytest.mark.parametrize(("message", "param"), [
-    ("max_tokens must be an integer in [1, 1048576]; got 0", "max_tokens"),
-    ("max_tokens (5000) + the prompt (1 tokens) exceeds the model's context", "max_tokens"),
-    ("messages[0].role must be one of system, user; got 'x'", "messages"),
-    ("stop_words must be a list of strings; got 3", "stop"),
-    ("something else broke", None),
+@pytest.mark.parametrize(("server_param", "param"), [
+    ("max_tokens", "max_tokens"),
+    ("messages", "messages"),
+    ("stop_words", "stop"),  # the ensemble's name -> the OpenAI field, from the contract
+    ("text_input", "prompt"),
+    ("temprature", "temprature"),  # an unknown field is named as the client sent it
+    (None, None),
 ])
-def test_guess_param(message: str, param: str | None) -> None:
-    assert oai.guess_param(message) == param
+def test_the_param_of_an_error_is_the_openai_field(server_param: str | None, param: str | None) -> None:
+    assert oai.openai_param(server_param) == param
+
+
+def test_refusals_carry_the_servers_param_not_a_guess() -> None:
+    tagged = contract.format_error(contract.ErrorKind.INVALID_REQUEST,
+                                   "stop_words must be a list of strings; got 3", "stop_words")
+    err = translate(_wire.server_error(tagged))
+    assert (err.status, err.param) == (400, "stop")
+    engine = translate(_wire.server_error(contract.format_error(contract.ErrorKind.ENGINE_FAILURE, "boom")))
+    assert engine.status == 500 and engine.type == "server_error"
+
+
+def test_openai_fields_come_from_the_parameter_table() -> None:
+    body = {"model": "m", "prompt": "hi", "min_p": 0.1, "top_k": 5, "stop": "x", "seed": 3}
+    req = oai.parse(oai.CompletionRequest, body).to_request()
+    assert (req.min_p, req.top_k, req.stop, req.seed) == (0.1, 5, ("x",), 3)
 
 
 def test_cli_and_app_agree_on_the_api_key_variable() -> None:

@@ -139,7 +139,7 @@ def test_stop_seed_and_max_tokens(sdk: openai.OpenAI, triton_server: Any) -> Non
 # ---------------------------------------------------------------------------- errors
 def test_bad_max_tokens_is_bad_request_with_the_servers_message(sdk: openai.OpenAI, triton_server: Any) -> None:
     with Client(triton_server.grpc_url, model=triton_server.model) as raw:
-        raw._check_requests = False  # what the server itself answers
+        raw.check_requests = False  # what the server itself answers
         for bad in (0, 5000):
             with pytest.raises(InvalidRequest) as server:
                 raw.complete(PROMPT, max_tokens=bad)

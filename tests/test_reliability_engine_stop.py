@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tritonforge.triton_models import engine as E
+from tritonforge.triton_models.engine import runner as E
+from tritonforge.triton_models.engine.vllm import VllmAdapter
 
 
-def _runner() -> E.VllmEngineRunner:
-    return E.VllmEngineRunner("unused", {})  # not started: only the bookkeeping is exercised
+def _runner() -> E.EngineRunner:
+    # not started: only the bookkeeping is exercised
+    return E.EngineRunner(VllmAdapter("unused", {}))
 
 
 def test_stop_before_arrival_cancels_that_request_once() -> None:

@@ -70,7 +70,8 @@ class Case:
     http: dict[str, Any] | None  # None: JSON cannot carry it (raw bytes, NaN, dtypes)
     message: str  # regex the server's message must match
     unary: bool = True  # also through ModelInfer on the _sync model
-    extra: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)  # gRPC request parameters
+    triton: bool = False  # refused by Triton itself (untagged), not by a tritonforge model
 
 
 def _messages(value: Any) -> str:
@@ -93,13 +94,13 @@ CASES: list[Case] = [
     Case("whitespace-messages-no-prompt", [text(b"   ", "messages")], {"messages": "   "},
          r"text_input is required"),
     Case("prompt-wrong-dtype", [Wire("text_input", "INT32", (1, 1), struct.pack("<i", 3))], None,
-         r"input 'text_input' data-type is 'INT32', but model '[^']+' expects 'BYTES'"),
+         r"input 'text_input' data-type is 'INT32', but model '[^']+' expects 'BYTES'", triton=True),
     Case("max-tokens-wrong-dtype", [text(PROMPT), num("max_tokens", 2.0, "FP32")], None,
-         r"input 'max_tokens' data-type is 'FP32', but model '[^']+' expects 'INT32'"),
+         r"input 'max_tokens' data-type is 'FP32', but model '[^']+' expects 'INT32'", triton=True),
     Case("temperature-wrong-dtype", [text(PROMPT), num("temperature", 1, "INT32")], None,
-         r"input 'temperature' data-type is 'INT32', but model '[^']+' expects 'FP32'"),
+         r"input 'temperature' data-type is 'INT32', but model '[^']+' expects 'FP32'", triton=True),
     Case("stop-words-wrong-dtype", [text(PROMPT), Wire("stop_words", "INT32", (1, 1), struct.pack("<i", 7))],
-         None, r"input 'stop_words' data-type is 'INT32', but model '[^']+' expects 'BYTES'"),
+         None, r"input 'stop_words' data-type is 'INT32', but model '[^']+' expects 'BYTES'", triton=True),
     Case("max-tokens-zero", [text(PROMPT), num("max_tokens", 0)], {"text_input": "hi", "max_tokens": 0},
          r"max_tokens must be an integer in \[1, 1048576\]; got 0"),
     Case("max-tokens-negative", [text(PROMPT), num("max_tokens", -5)], {"text_input": "hi", "max_tokens": -5},
@@ -119,21 +120,21 @@ CASES: list[Case] = [
     Case("prompt-invalid-utf8", [text(b"caf\xc3\x28 \xff\xfe"), num("max_tokens", 2)], None,
          r"text_input is not valid UTF-8 \(byte 3\): send UTF-8 text"),
     Case("temperature-negative", [text(PROMPT), num("temperature", -1.0)],
-         {"text_input": "hi", "temperature": -1.0}, r"temperature must be in \[0.0, 10.0\]; got -1.0"),
+         {"text_input": "hi", "temperature": -1.0}, r"temperature must be a number in \[0, 10\]; got -1.0"),
     Case("temperature-absurd", [text(PROMPT), num("temperature", 1e9)],
-         {"text_input": "hi", "temperature": 1e9}, r"temperature must be in \[0.0, 10.0\]; got 1000000000.0"),
+         {"text_input": "hi", "temperature": 1e9}, r"temperature must be a number in \[0, 10\]; got 1000000000.0"),
     Case("temperature-nan", [text(PROMPT), num("temperature", math.nan)], None,
          r"temperature must be a finite number; got nan"),
     Case("top-p-zero", [text(PROMPT), num("top_p", 0.0)], {"text_input": "hi", "top_p": 0.0},
-         r"top_p must be in \(0.0, 1.0\]; got 0.0"),
+         r"top_p must be a number in \(0, 1\]; got 0.0"),
     Case("top-p-above-one", [text(PROMPT), num("top_p", 1.5)], {"text_input": "hi", "top_p": 1.5},
-         r"top_p must be in \(0.0, 1.0\]; got 1.5"),
+         r"top_p must be a number in \(0, 1\]; got 1.5"),
     Case("top-k-negative", [text(PROMPT), num("top_k", -1)], {"text_input": "hi", "top_k": -1},
          r"top_k must be an integer in \[0, 1000000\] \(0 disables it\); got -1"),
     Case("repetition-penalty-zero", [text(PROMPT), num("repetition_penalty", 0.0)],
-         {"text_input": "hi", "repetition_penalty": 0.0}, r"repetition_penalty must be in \(0.0, 10.0\]; got 0.0"),
+         {"text_input": "hi", "repetition_penalty": 0.0}, r"repetition_penalty must be a number in \(0, 10\]; got 0.0"),
     Case("presence-penalty-out-of-range", [text(PROMPT), num("presence_penalty", 5.0)],
-         {"text_input": "hi", "presence_penalty": 5.0}, r"presence_penalty must be in \[-2.0, 2.0\]; got 5.0"),
+         {"text_input": "hi", "presence_penalty": 5.0}, r"presence_penalty must be a number in \[-2, 2\]; got 5.0"),
     Case("frequency-penalty-infinite", [text(PROMPT), num("frequency_penalty", -math.inf)], None,
          r"frequency_penalty must be a finite number; got -inf"),
     Case("length-penalty-nan", [text(PROMPT), num("length_penalty", math.nan)], None,
@@ -143,19 +144,19 @@ CASES: list[Case] = [
     Case("beam-width-zero", [text(PROMPT), num("beam_width", 0)], {"text_input": "hi", "beam_width": 0},
          r"beam_width must be an integer in \[1, 64\]; got 0"),
     Case("end-id-negative", [text(PROMPT), num("end_id", -1), num("max_tokens", 2)],
-         {"text_input": "hi", "end_id": -1, "max_tokens": 2}, r"end_id must be a token id in \[0, \d+\); got -1"),
+         {"text_input": "hi", "end_id": -1, "max_tokens": 2}, r"end_id must be an integer in \[0, 2147483647\]; got -1"),
     Case("pad-id-beyond-vocab", [text(PROMPT), num("pad_id", 10**9), num("max_tokens", 2)],
          {"text_input": "hi", "pad_id": 10**9, "max_tokens": 2},
          r"pad_id must be a token id in \[0, \d+\); got 1000000000"),
     Case("too-many-stop-words", [text(PROMPT), words("stop_words", *[f"w{i}".encode() for i in range(33)])],
          {"text_input": "hi", "stop_words": [f"w{i}" for i in range(33)]},
-         r"stop_words must be at most 32 words"),
+         r"stop_words must have at most 32 words; got 33"),
     Case("stop-word-too-long", [text(PROMPT), words("stop_words", b"y" * 2000)],
          {"text_input": "hi", "stop_words": ["y" * 2000]}, r"stop_words: each word must be at most 1024 bytes"),
     Case("stop-word-invalid-utf8", [text(PROMPT), words("stop_words", b"ok", b"\xff")], None,
          r"stop_words contains a word that is not valid UTF-8"),
     Case("too-many-bad-words", [text(PROMPT), words("bad_words", *[f"b{i}".encode() for i in range(40)])],
-         {"text_input": "hi", "bad_words": [f"b{i}" for i in range(40)]}, r"bad_words must be at most 32 words"),
+         {"text_input": "hi", "bad_words": [f"b{i}" for i in range(40)]}, r"bad_words must have at most 32 words; got 40"),
     _msg_case("messages-not-json", "{not json", r"messages must be a JSON list of \{role, content\} objects: "
               r"Expecting property name"),
     _msg_case("messages-object-not-list", {"role": "user", "content": "hi"},
@@ -179,9 +180,20 @@ CASES: list[Case] = [
     Case("batch-of-two", [Wire("text_input", "BYTES", (2, 1), _bytes(b"a", b"b"))], None,
          r"text_input has batch size 2; send one prompt per request"),
     Case("wrong-shape", [Wire("text_input", "BYTES", (1, 2), _bytes(b"a", b"b"))], None,
-         r"unexpected shape for input 'text_input' for model '[^']+'\. Expected \[-1,1\], got \[1,2\]"),
+         r"unexpected shape for input 'text_input' for model '[^']+'\. Expected \[-1,1\], got \[1,2\]", triton=True),
     Case("unknown-input", [text(PROMPT), num("max_tokens", 2), Wire("foo", "INT32", (1, 1), b"\0" * 4)], None,
-         r"unexpected inference input 'foo' for model"),
+         r"unexpected inference input 'foo' for model", triton=True),
+    Case("min-p-out-of-range", [text(PROMPT), num("min_p", 1.5)], {"text_input": "hi", "min_p": 1.5},
+         r"min_p must be a number in \[0, 1\]; got 1.5"),
+    Case("beam-search-on-vllm", [text(PROMPT), num("beam_width", 2)], {"text_input": "hi", "beam_width": 2},
+         r"beam_width is not supported by this deployment's engine \(vllm\)"),
+    Case("misspelt-parameter", [text(PROMPT), num("max_tokens", 2)],
+         {"text_input": "hi", "max_tokens": 2, "temprature": 0.5},
+         r"temprature is not an input of this model; did you mean temperature\?",
+         params={"temprature": 0.5}),
+    Case("unknown-parameter", [text(PROMPT), num("max_tokens", 2)],
+         {"text_input": "hi", "max_tokens": 2, "min_pp": 7}, r"min_pp is not an input of this model",
+         params={"min_pp": 7}),
     Case("unknown-lora", [text(PROMPT), text(b"nope", "lora_name"), num("max_tokens", 2)],
          {"text_input": "hi", "lora_name": "nope", "max_tokens": 2},
          r"lora_name 'nope' is not a LoRA adapter of this model \(none are configured\)"),
@@ -189,10 +201,18 @@ CASES: list[Case] = [
 
 
 # ------------------------------------------------------------------------------- the wire
-def _infer_request(model: str, wires: list[Wire], request_id: str) -> Any:
+def _infer_request(model: str, wires: list[Wire], request_id: str,
+                   params: dict[str, Any] | None = None) -> Any:
     from tritonclient.grpc import service_pb2 as pb
 
     msg = pb.ModelInferRequest(model_name=model, id=request_id)
+    for key, value in (params or {}).items():
+        if isinstance(value, float):
+            msg.parameters[key].double_param = value
+        elif isinstance(value, int):
+            msg.parameters[key].int64_param = value
+        else:
+            msg.parameters[key].string_param = str(value)
     for w in wires:
         msg.inputs.append(pb.ModelInferRequest.InferInputTensor(name=w.name, datatype=w.datatype, shape=list(w.shape)))
         msg.raw_input_contents.append(w.raw)
@@ -209,10 +229,11 @@ def stub(triton_server: Any) -> Iterator[Any]:
         yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
-def grpc_stream(stub: Any, model: str, wires: list[Wire]) -> tuple[str | None, int]:
+def grpc_stream(stub: Any, model: str, wires: list[Wire],
+                params: dict[str, Any] | None = None) -> tuple[str | None, int]:
     """Send on ModelStreamInfer; return (the error message or None, responses seen)."""
     seen = 0
-    for reply in stub.ModelStreamInfer(iter([_infer_request(model, wires, "malformed")]), timeout=120):
+    for reply in stub.ModelStreamInfer(iter([_infer_request(model, wires, "malformed", params)]), timeout=120):
         seen += 1
         if reply.error_message:
             return str(reply.error_message), seen
@@ -221,9 +242,10 @@ def grpc_stream(stub: Any, model: str, wires: list[Wire]) -> tuple[str | None, i
     return None, seen
 
 
-def grpc_unary(stub: Any, model: str, wires: list[Wire]) -> tuple[grpc.StatusCode, str]:
+def grpc_unary(stub: Any, model: str, wires: list[Wire],
+               params: dict[str, Any] | None = None) -> tuple[grpc.StatusCode, str]:
     try:
-        stub.ModelInfer(_infer_request(model, wires, "malformed"), timeout=120)
+        stub.ModelInfer(_infer_request(model, wires, "malformed", params), timeout=120)
     except grpc.RpcError as exc:
         return exc.code(), str(exc.details())
     return grpc.StatusCode.OK, ""
@@ -256,20 +278,32 @@ def test_malformed_request_is_invalid_arg_with_a_specific_message(
     triton_server: Any, stub: Any, case: Case
 ) -> None:
     model = triton_server.model
-    message, _ = grpc_stream(stub, model, case.grpc)
+
+    def tagged(message: str) -> None:
+        """tritonforge's refusals carry their kind machine-readably (contract.parse_error)."""
+        info = contract.parse_error(message)
+        if case.triton:
+            assert info is None, f"{case.id}: {message!r}"
+        else:
+            assert info is not None and info.kind is contract.ErrorKind.INVALID_REQUEST, f"{case.id}: {message!r}"
+
+    message, _ = grpc_stream(stub, model, case.grpc, case.params)
     TRIED["grpc_stream"] += 1
     assert message is not None, f"{case.id}: the server accepted the request"
     assert re.search(case.message, message), f"{case.id}: {message!r}"
+    tagged(message)
     if case.unary:
-        code, details = grpc_unary(stub, model + "_sync", case.grpc)
+        code, details = grpc_unary(stub, model + "_sync", case.grpc, case.params)
         TRIED["grpc_unary"] += 1
         assert code == grpc.StatusCode.INVALID_ARGUMENT, f"{case.id}: {code} {details!r}"
         assert re.search(case.message, details), f"{case.id}: {details!r}"
+        tagged(details)
     if case.http is not None:
         status, error = http_stream(triton_server.http_url, model, case.http)
         TRIED["http"] += 1
         assert status == 400, f"{case.id}: HTTP {status} {error!r}"
         assert re.search(case.message, error), f"{case.id}: {error!r}"
+        tagged(error)
 
 
 def test_http_body_the_frontend_cannot_parse_is_refused_and_harmless(triton_server: Any) -> None:

@@ -121,7 +121,8 @@ def test_default_repository_settings() -> None:
     assert p[C.Param.MODEL.value] == "package:smollm2-135m-instruct"
     pre = params(parse(files, C.MODEL_PREPROCESSING))
     defaults = json.loads(pre[C.Param.SAMPLING_DEFAULTS.value])
-    assert set(defaults) == set(C.SamplingDefaults.__dataclass_fields__)
+    assert set(defaults) == set(C.SAMPLING_DEFAULTS)
+    assert pre[C.Param.ENGINE_KIND.value] == C.EngineKind.VLLM.value
     assert defaults["max_tokens"] == 128 and defaults["temperature"] == 0.0
     assert pre[C.Param.MAX_MODEL_LEN.value] == "2048"
     for rel in ("preprocessing", "postprocessing", "vllm_engine", "smollm2_sync"):
@@ -141,7 +142,9 @@ def test_ensemble_wiring_follows_the_contract() -> None:
     for n, tensor in eng.input_map.items():
         assert produced[tensor] == C.pre_output(n)
     assert "lora_task_id" not in eng.input_map  # lora is off
-    assert set(eng.input_map) == set(C.PREPROCESSED_ENGINE_INPUTS) - {"lora_task_id"}
+    # what vLLM does not honour (beam search) is not sent to it; preprocessing refuses it
+    unsupported = {"len_penalty", "beam_width"}
+    assert set(eng.input_map) == set(C.PREPROCESSED_ENGINE_INPUTS) - {"lora_task_id"} - unsupported
     assert "engine_finish_reason" in post.input_map
     assert dict(post.output_map) == {t.name: t.name for t in C.ENSEMBLE_OUTPUTS}
 
@@ -181,6 +184,7 @@ def test_bls_model_is_optional_and_decoupled_when_streaming() -> None:
     assert bls.model_transaction_policy.decoupled and bls.instance_group[0].count == 3
     assert params(bls) == {
         C.Param.TARGET_MODEL.value: C.MODEL_VLLM_ENGINE,
+        C.Param.ENGINE_KIND.value: C.EngineKind.VLLM.value,
         C.Param.MODEL.value: "package:smollm2-135m-instruct",
         C.Param.TOKENIZER.value: "package:smollm2-135m-instruct",
         C.Param.SKIP_SPECIAL_TOKENS.value: "true",
@@ -279,7 +283,7 @@ def test_hostile_free_text_never_changes_structure(backend: str, tmp_path: Path)
     pre = params(parse(hostile, "preprocessing"))
     assert pre[C.Param.MODEL.value] == "/models/" + bad
     assert pre[C.Param.TOKENIZER.value] == "/tok/" + bad
-    assert json.loads(pre[C.Param.DEFAULT_STOP_WORDS.value]) == HOSTILE
+    assert json.loads(pre[C.Param.SAMPLING_DEFAULTS.value])["stop_words"] == HOSTILE
     assert json.loads(pre[C.Param.LORA_ADAPTERS.value])["a"]["path"] == "/adapters/" + bad
     if backend == "tensorrtllm":
         p = params(parse(hostile, C.MODEL_TENSORRT_LLM))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
-from tritonforge.contract import SamplingDefaults
+from tritonforge.contract import REQUEST_PARAMETERS, SAMPLING_DEFAULTS
 from tritonforge.spec import Spec, SpecError, load_spec, parse_spec
 from tritonforge.spec.reference import BEGIN, END, replace_reference
 
@@ -36,8 +36,17 @@ def test_minimal_spec_defaults() -> None:
     spec = parse_spec({"name": "m"})
     assert spec.backend == "vllm" and spec.streaming and spec.non_streaming_model
     assert spec.batching.max_batch_size == 64
-    d = SamplingDefaults()
-    assert spec.defaults.max_tokens == d.max_tokens and spec.defaults.top_p == d.top_p
+    assert spec.defaults.max_tokens == SAMPLING_DEFAULTS["max_tokens"]
+    assert spec.defaults.top_p == SAMPLING_DEFAULTS["top_p"]
+
+
+def test_defaults_section_is_the_parameter_table() -> None:
+    # one field per table row with a spec default, documented by the row's doc line
+    fields = type(parse_spec({"name": "m"}).defaults).model_fields
+    rows = {p.name: p for p in REQUEST_PARAMETERS if p.spec_default}
+    assert set(fields) == set(rows)
+    for name, row in rows.items():
+        assert row.doc.split(";")[0] in (fields[name].description or "") or name == "stream"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deployments").glob("*.yaml")),

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tritonforge import contract
+from tritonforge.contract import SAMPLING_DEFAULTS, EngineKind, pre_output
 from tritonforge.triton_models.detokenize import IncrementalDetokenizer, make_decoder
 from tritonforge.triton_models.engine import StopMatcher, from_word_list, parse_engine_inputs
 from tritonforge.triton_models.errors import RequestError
 from tritonforge.triton_models.postprocess import Postprocessor
 from tritonforge.triton_models.preprocess import Preprocessor, PreprocessSettings, to_word_list
-from tritonforge.contract import SamplingDefaults, pre_output
 
 TEXTS = [
     "Hello world, this is a test.",
@@ -140,7 +140,7 @@ def _req(**values) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
 
 
 def test_preprocess_fills_defaults_and_tokenizes(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
-    pre = _pre(smol_tokenizer, defaults=SamplingDefaults(max_tokens=16))
+    pre = _pre(smol_tokenizer, defaults={**SAMPLING_DEFAULTS, "max_tokens": 16})
     out = pre.process(_req(text_input="Once upon a time"))
     ids = out[pre_output("input_ids")][0].tolist()
     assert smol_tokenizer.decode(ids) == "Once upon a time"
@@ -182,6 +182,9 @@ def test_preprocess_chat_and_stop_words(smol_tokenizer) -> None:  # type: ignore
         ({"text_input": "hi", "end_id": -5}, "end_id must be"),
         ({"text_input": "x " * 200}, "leaving no room"),
         ({"text_input": "hi", "lora_name": "nope"}, "lora_name"),
+        ({"text_input": "hi", "min_p": 1.5}, "min_p must be a number in [0, 1]"),
+        ({"text_input": "hi", "beam_width": 4}, "beam_width is not supported by this deployment's engine"),
+        ({"text_input": "hi", "length_penalty": 2.0}, "length_penalty is not supported"),
     ],
 )
 def test_preprocess_rejects_bad_requests(smol_tokenizer, values: dict, fragment: str) -> None:  # type: ignore[no-untyped-def]
@@ -189,6 +192,28 @@ def test_preprocess_rejects_bad_requests(smol_tokenizer, values: dict, fragment:
     with pytest.raises(RequestError) as err:
         pre.process(_req(**values))
     assert fragment in str(err.value)
+    named = next(iter(k for k in values if k in str(err.value).split(" ", 1)[0]), None)
+    if named is not None:  # the error names the parameter at fault, machine-readably too
+        assert err.value.param == named
+
+
+def test_preprocess_refuses_unknown_request_parameters(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    pre = _pre(smol_tokenizer)
+    with pytest.raises(RequestError, match="temprature is not an input of this model; did you mean temperature") as err:
+        pre.process(_req(text_input="hi"), {"id": "1", "temprature": 0.5})
+    assert err.value.param == "temprature"
+    # Triton's own request parameters pass
+    pre.process(_req(text_input="hi"), {"id": "1", "triton_enable_empty_final_response": True,
+                                        "sequence_id": 0, "priority": 1})
+
+
+def test_engine_support_is_checked_per_engine(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    cpp = _pre(smol_tokenizer, engine=EngineKind.TRTLLM_CPP)
+    with pytest.raises(RequestError, match="min_p is not supported by this deployment's engine"):
+        cpp.process(_req(text_input="hi", min_p=0.2))
+    out = cpp.process(_req(text_input="hi", beam_width=4, length_penalty=1.5))
+    assert out[pre_output("beam_width")].tolist() == [[4]]
+    assert out[pre_output("len_penalty")].tolist() == [[1.5]]
 
 
 def test_preprocess_rejects_oversized_prompt_before_tokenizing(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -237,7 +262,7 @@ def test_postprocessor_empty_final_and_end_id(smol_tokenizer) -> None:  # type: 
     assert res.finish_reason == "stop" and res.num_output_tokens == 1 and res.num_input_tokens == -1
 
 
-def test_engine_input_parsing_rejects_what_vllm_cannot_do() -> None:
+def test_engine_input_parsing_checks_structure() -> None:
     base = {
         "input_ids": np.array([[1, 2, 3]], dtype=np.int32),
         "input_lengths": np.array([[3]], dtype=np.int32),
@@ -245,8 +270,9 @@ def test_engine_input_parsing_rejects_what_vllm_cannot_do() -> None:
     }
     req = parse_engine_inputs(base, decoupled=True)
     assert req.input_ids == [1, 2, 3] and req.max_tokens == 4
-    with pytest.raises(RequestError, match="beam_width"):
-        parse_engine_inputs({**base, "beam_width": np.array([[4]], dtype=np.int32)}, decoupled=True)
+    # sampling values were checked by preprocessing; the engine passes them on
+    req = parse_engine_inputs({**base, "min_p": np.array([[0.25]], dtype=np.float32)}, decoupled=True)
+    assert req.sampling == {"min_p": 0.25}
     with pytest.raises(RequestError, match="input_lengths"):
         parse_engine_inputs({**base, "input_lengths": np.array([[9]], dtype=np.int32)}, decoupled=True)
     with pytest.raises(RequestError, match="request_output_len"):

@@ -1,21 +1,30 @@
-"""The one definition of every tensor, dtype, default and limit in a tritonforge deployment.
+"""The one definition of every tensor, request parameter, default, limit and error kind.
 
 Everything that speaks to or inside a generated model repository imports this module: the
-templates get their tensor lists from it, the Python models (preprocessing, the CPU engine,
-postprocessing) read and write the names defined here, and the clients build requests with
-them and validate against the same limits the server enforces.
+renderer gets its tensor lists and ensemble wiring from it, the Python models inside
+tritonserver read and write the names defined here, the typed clients, the OpenAI gateway
+and the load tests build requests from it, and ``docs/requests.md`` is generated from it.
 
-Three contracts are defined:
+The heart of it is :data:`REQUEST_PARAMETERS`, one row per request parameter: its ensemble
+input name, the engine input it feeds, dtype and shape, default, bounds, OpenAI name, typed
+client field and doc line. Everything else about a parameter is derived from that row:
 
-* ``ENSEMBLE_INPUTS`` / ``ENSEMBLE_OUTPUTS`` -- what a client sends to and receives from the
-  served model (the ensemble, or the BLS model).  Names follow NVIDIA's reference
-  TensorRT-LLM ensemble, so existing clients work unchanged, and they are the SAME whichever
-  engine serves the model.
-* ``ENGINE_INPUTS`` / ``ENGINE_OUTPUTS`` -- the token-level contract of the TensorRT-LLM C++
-  backend (``backend: "tensorrtllm"``).  tritonforge's CPU engine model (vLLM) speaks it too,
-  so the same ensemble runs with either engine.
-* ``PREPROCESSING_*`` / ``POSTPROCESSING_*`` -- tritonforge's own Python models between the
-  two.
+* ``ENSEMBLE_INPUTS`` (what a client sends) and the request-parameter part of
+  ``ENGINE_INPUTS`` (the token-level contract of the TensorRT-LLM C++ backend, which
+  tritonforge's own engine model speaks too, so one ensemble runs on either engine);
+* ``PREPROCESSING_OUTPUTS`` and the ensemble's wiring (``pre_output``);
+* the spec's ``defaults`` section (``SAMPLING_DEFAULTS`` and the rows' docs);
+* the validation preprocessing runs once per request (:func:`check_request_values`);
+* the typed client's ``Request`` fields (asserted equal at import), the gateway's mapping of
+  OpenAI fields, and the reference table in ``docs/requests.md``.
+
+Adding a sampling parameter is one row here plus its line in each engine adapter's mapping
+(``tritonforge.triton_models.engine``).
+
+Errors: every error a tritonforge model returns carries an :class:`ErrorKind` (and the
+request parameter at fault, if any) in a machine-readable tag, written by
+:func:`format_error` and read back by :func:`parse_error`; clients, the gateway and the load
+test classify errors by that tag, never by their prose.
 
 Every tensor's ``dims`` exclude the batch dimension: all models of a tritonforge repository
 have ``max_batch_size > 0`` (the TensorRT-LLM backend requires it), so clients send shape
@@ -24,20 +33,23 @@ have ``max_batch_size > 0`` (the TensorRT-LLM backend requires it), so clients s
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
+import math
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 __all__ = [
-    "CONDITIONAL_ENGINE_INPUTS",
     "ENABLE_EMPTY_FINAL_PARAMETER",
     "ENGINE_EXTRA_OUTPUTS",
     "ENGINE_INPUTS",
+    "ENGINE_KINDS",
     "ENGINE_OUTPUTS",
     "ENSEMBLE_INPUTS",
     "ENSEMBLE_OUTPUTS",
-    "ENSEMBLE_TO_ENGINE_RENAMES",
     "FINAL_RESPONSE_PARAMETER",
     "LIMITS",
     "MODEL_BLS",
@@ -51,16 +63,35 @@ __all__ = [
     "PREPROCESSED_ENGINE_INPUTS",
     "PREPROCESSING_INPUTS",
     "PREPROCESSING_OUTPUTS",
+    "REQUESTS_BEGIN",
+    "REQUESTS_END",
+    "REQUEST_PARAMETERS",
+    "SAMPLING_DEFAULTS",
+    "STOP_REQUEST",
+    "TRITON_REQUEST_PARAMETERS",
     "DType",
+    "EngineKind",
+    "ErrorInfo",
+    "ErrorKind",
     "FinishReason",
     "Limits",
     "Param",
-    "SamplingDefaults",
+    "ParameterError",
+    "RequestParam",
     "Tensor",
     "by_name",
-    "check_sampling",
+    "check_request_parameters",
+    "check_request_values",
+    "closest",
+    "engine_inputs_for",
+    "format_error",
+    "is_stop_request",
+    "param",
+    "parse_error",
     "parse_messages",
     "pre_output",
+    "replace_requests_markdown",
+    "requests_markdown",
 ]
 
 
@@ -78,32 +109,16 @@ class DType(str, enum.Enum):
     @property
     def wire(self) -> str:
         """The datatype name on the wire (KServe v2 protocol): ``BYTES`` for strings."""
-        return _WIRE[self]
+        return "BYTES" if self is DType.STRING else self.value.removeprefix("TYPE_")
+
+    @property
+    def is_integer(self) -> bool:
+        return self in (DType.INT32, DType.INT64, DType.UINT64)
 
     @property
     def numpy(self) -> str:
-        """The numpy dtype string for this type (``object`` for strings)."""
-        return _NUMPY[self]
-
-
-_WIRE: Final = {
-    DType.BOOL: "BOOL",
-    DType.INT32: "INT32",
-    DType.INT64: "INT64",
-    DType.UINT64: "UINT64",
-    DType.FP16: "FP16",
-    DType.FP32: "FP32",
-    DType.STRING: "BYTES",
-}
-_NUMPY: Final = {
-    DType.BOOL: "bool",
-    DType.INT32: "int32",
-    DType.INT64: "int64",
-    DType.UINT64: "uint64",
-    DType.FP16: "float16",
-    DType.FP32: "float32",
-    DType.STRING: "object",
-}
+        """The numpy dtype name of this type (``object`` for strings)."""
+        return "object" if self is DType.STRING else self.value.removeprefix("TYPE_").lower().replace("fp", "float")
 
 
 @dataclass(frozen=True)
@@ -122,7 +137,7 @@ class Tensor:
         )
 
 
-def by_name(tensors: tuple[Tensor, ...]) -> dict[str, Tensor]:
+def by_name(tensors: Iterable[Tensor]) -> dict[str, Tensor]:
     return {t.name: t for t in tensors}
 
 
@@ -139,6 +154,17 @@ FINAL_RESPONSE_PARAMETER: Final = "triton_final_response"
 ENABLE_EMPTY_FINAL_PARAMETER: Final = "triton_enable_empty_final_response"
 
 
+class EngineKind(str, enum.Enum):
+    """Which engine serves the engine step (preprocessing refuses what it cannot do)."""
+
+    VLLM = "vllm"  # tritonforge's engine model over vLLM's AsyncLLM
+    TRTLLM_CPP = "trtllm_cpp"  # NVIDIA's tensorrtllm C++ backend
+    TRTLLM_LLMAPI = "trtllm_llmapi"  # tritonforge's engine model over tensorrt_llm.LLM
+
+
+ENGINE_KINDS: Final = tuple(EngineKind)
+
+
 class FinishReason(str, enum.Enum):
     """Why a generation ended; carried in the ``finish_reason`` output of the last response."""
 
@@ -149,26 +175,74 @@ class FinishReason(str, enum.Enum):
 
 
 # ----------------------------------------------------------------------------------------
-# Limits shared by the server-side validation (preprocessing, engine) and the clients.
+# Errors: one vocabulary, one writer, one reader.
+class ErrorKind(str, enum.Enum):
+    """What went wrong, as every tritonforge model reports it (the value is the wire tag)."""
+
+    INVALID_REQUEST = "invalid_request"  # the request is wrong; fix it and resend
+    OVERLOADED = "overloaded"  # the server is at capacity (queue full); retry later
+    CANCELLED = "cancelled"  # the request was cancelled before it finished
+    NOT_READY = "not_ready"  # the model (or its engine) is not ready to serve
+    ENGINE_FAILURE = "engine_failure"  # the inference engine failed on a valid request
+    INTERNAL = "internal"  # another tritonforge step failed on a valid request
+
+    @property
+    def triton_code(self) -> str:
+        """The ``TritonError`` code name the Python backend answers this kind with."""
+        return _TRITON_CODES[self]
+
+
+_TRITON_CODES: Final = {
+    ErrorKind.INVALID_REQUEST: "INVALID_ARG",
+    ErrorKind.OVERLOADED: "UNAVAILABLE",
+    ErrorKind.CANCELLED: "CANCELLED",
+    ErrorKind.NOT_READY: "UNAVAILABLE",
+    ErrorKind.ENGINE_FAILURE: "INTERNAL",
+    ErrorKind.INTERNAL: "INTERNAL",
+}
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An error as :func:`parse_error` reads it back."""
+
+    kind: ErrorKind
+    message: str  # the prose, without the tag (and without Triton's ensemble prefix)
+    param: str | None = None  # the request parameter at fault, when there is one
+
+
+_ERROR_TAG: Final = "tritonforge"
+_ERROR_RE: Final = re.compile(r"\[" + _ERROR_TAG + r":(?P<kind>[a-z_]+)(?::(?P<param>[A-Za-z0-9_.\[\]-]+))?\] ?")
+
+
+def format_error(kind: ErrorKind, message: str, param: str | None = None) -> str:
+    """The message of an error a tritonforge model returns: a tag, then the prose.
+
+    ``[tritonforge:invalid_request:top_p] top_p must be in (0, 1]; got 2.0``
+    """
+    tag = f"[{_ERROR_TAG}:{kind.value}" + (f":{param}" if param else "") + "]"
+    return f"{tag} {message}"
+
+
+def parse_error(text: str) -> ErrorInfo | None:
+    """Read the tag :func:`format_error` wrote; ``None`` for an error without one (Triton's
+    own errors: use the transport's status code for those)."""
+    m = _ERROR_RE.search(text)
+    if m is None:
+        return None
+    try:
+        kind = ErrorKind(m.group("kind"))
+    except ValueError:
+        return None
+    return ErrorInfo(kind, text[m.end():].strip() or kind.value, m.group("param"))
+
+
+# ----------------------------------------------------------------------------------------
+# Limits that are not a parameter's bounds (those live in the parameter table).
 @dataclass(frozen=True)
 class Limits:
-    """Hard bounds every request is checked against, on the client and on the server."""
+    """Hard bounds on a request's size, on the client and on the server."""
 
-    max_tokens_min: int = 1
-    max_tokens_max: int = 1_048_576
-    temperature_min: float = 0.0
-    temperature_max: float = 10.0
-    top_p_min_exclusive: float = 0.0
-    top_p_max: float = 1.0
-    top_k_min: int = 0  # 0 disables top-k (TensorRT-LLM semantics)
-    top_k_max: int = 1_000_000
-    penalty_min: float = -2.0  # presence / frequency
-    penalty_max: float = 2.0
-    repetition_penalty_min_exclusive: float = 0.0
-    repetition_penalty_max: float = 10.0
-    min_tokens_min: int = 0
-    beam_width_min: int = 1
-    beam_width_max: int = 64
     max_prompt_bytes: int = 1_048_576  # 1 MiB of UTF-8
     max_stop_words: int = 32
     max_word_bytes: int = 1024
@@ -179,49 +253,264 @@ class Limits:
 LIMITS: Final = Limits()
 
 
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """Defaults applied when a request omits a sampling input (the spec may override them)."""
+# ----------------------------------------------------------------------------------------
+# THE request-parameter table.
+ParamKind = Literal["prompt", "scalar", "words", "adapter"]
+_ALL_ENGINES: Final = frozenset(EngineKind)
 
-    max_tokens: int = 128
-    temperature: float = 0.0  # greedy: the reproducible default
-    top_p: float = 1.0
-    top_k: int = 0
-    min_tokens: int = 0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    length_penalty: float = 1.0
-    beam_width: int = 1
-    stream: bool = True
-    exclude_input_in_output: bool = True
+
+@dataclass(frozen=True)
+class RequestParam:
+    """One request parameter, everything about it in one row.
+
+    ``kind`` says how preprocessing turns it into engine inputs: ``prompt`` (text_input /
+    messages -> ``input_ids``), ``scalar`` (passed on, default filled), ``words`` (strings ->
+    TensorRT-LLM's ``[2, L]`` token-id word list), ``adapter`` (a LoRA adapter name -> its
+    task id). ``low``/``high`` are inclusive unless ``low_open``/``high_open``.
+    """
+
+    name: str  # ensemble input name (reference TensorRT-LLM ensemble names)
+    dtype: DType
+    doc: str
+    kind: ParamKind = "scalar"
+    dims: tuple[int, ...] = (1,)
+    engine: str | None = None  # engine input it feeds; None: same as ``name``
+    engine_dtype: DType | None = None  # when the engine tensor differs (words, adapter)
+    engine_dims: tuple[int, ...] | None = None
+    default: Any = None  # None: no default (the engine or tokenizer decides)
+    spec_default: bool = False  # the spec's ``defaults`` section may override ``default``
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    openai: str | None = None  # OpenAI request field the gateway maps to it
+    client: str | None = None  # typed client ``Request`` field
+    engines: frozenset[EngineKind] = _ALL_ENGINES  # engines that honour it
+    requires: str | None = None  # spec feature that must be on for the engine to receive it
+    why_unsupported: str = ""  # said to a client that sets it on another engine
+
+    @property
+    def engine_name(self) -> str | None:
+        """The engine input fed by this parameter (``None`` for the prompt)."""
+        if self.kind == "prompt":
+            return None
+        return self.engine or self.name
+
+    @property
+    def tensor(self) -> Tensor:
+        return Tensor(self.name, self.dtype, self.dims, True, self.doc)
+
+    @property
+    def engine_tensor(self) -> Tensor | None:
+        name = self.engine_name
+        if name is None:
+            return None
+        return Tensor(name, self.engine_dtype or self.dtype, self.engine_dims or self.dims, True)
+
+    @property
+    def bounds_text(self) -> str:
+        if self.low is None and self.high is None:
+            return ""
+        lo = "-inf" if self.low is None else _num_text(self.low)
+        hi = "inf" if self.high is None else _num_text(self.high)
+        left = "(" if self.low_open or self.low is None else "["
+        right = ")" if self.high_open or self.high is None else "]"
+        return f"{left}{lo}, {hi}{right}"
+
+
+def _num_text(v: float) -> str:
+    if isinstance(v, int) or (float(v).is_integer() and abs(v) < 1e15):
+        return str(int(v))
+    return repr(float(v))
+
+
+_I32: Final = 2**31 - 1
+_VLLM_ONLY: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})
+
+REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
+    RequestParam("text_input", DType.STRING, "Prompt text (UTF-8). One of text_input / messages.",
+                 kind="prompt", openai="prompt", client="prompt"),
+    RequestParam("messages", DType.STRING,
+                 'Chat messages as JSON: [{"role": "user", "content": "..."}]; the chat template is applied.',
+                 kind="prompt", openai="messages", client="messages"),
+    RequestParam("max_tokens", DType.INT32, "Maximum number of tokens to generate.",
+                 engine="request_output_len", default=128, spec_default=True, low=1, high=1_048_576,
+                 openai="max_tokens", client="max_tokens"),
+    RequestParam("bad_words", DType.STRING, "Words the model must not generate.", kind="words",
+                 dims=(-1,), engine="bad_words_list", engine_dtype=DType.INT32, engine_dims=(2, -1),
+                 openai="bad_words", client="bad_words"),
+    RequestParam("stop_words", DType.STRING, "Generation stops after any of these words (not returned).",
+                 kind="words", dims=(-1,), engine="stop_words_list", engine_dtype=DType.INT32,
+                 engine_dims=(2, -1), default=(), spec_default=True, openai="stop", client="stop"),
+    RequestParam("end_id", DType.INT32, "End-of-sequence token id (default: the tokenizer's).",
+                 low=0, high=_I32),
+    RequestParam("pad_id", DType.INT32, "Padding token id (default: the tokenizer's).",
+                 low=0, high=_I32),
+    RequestParam("top_k", DType.INT32, "Top-k sampling; 0 disables.", engine="runtime_top_k",
+                 default=0, spec_default=True, low=0, high=1_000_000, openai="top_k", client="top_k"),
+    RequestParam("top_p", DType.FP32, "Nucleus sampling probability mass.", engine="runtime_top_p",
+                 default=1.0, spec_default=True, low=0.0, high=1.0, low_open=True,
+                 openai="top_p", client="top_p"),
+    RequestParam("min_p", DType.FP32,
+                 "Minimum token probability, relative to the most likely token's; 0 disables.",
+                 default=0.0, spec_default=True, low=0.0, high=1.0, openai="min_p", client="min_p",
+                 engines=_VLLM_ONLY,
+                 why_unsupported="the TensorRT-LLM C++ backend has no min_p input"),
+    RequestParam("temperature", DType.FP32, "Sampling temperature; 0 is greedy.", default=0.0,
+                 spec_default=True, low=0.0, high=10.0, openai="temperature", client="temperature"),
+    RequestParam("length_penalty", DType.FP32, "Beam-search length penalty.", engine="len_penalty",
+                 default=1.0, spec_default=True, low=-10.0, high=10.0,
+                 engines=frozenset({EngineKind.TRTLLM_CPP}),
+                 why_unsupported="it applies to beam search, which this engine does not do"),
+    RequestParam("repetition_penalty", DType.FP32, "Multiplicative repetition penalty; 1 disables.",
+                 default=1.0, spec_default=True, low=0.0, high=10.0, low_open=True,
+                 openai="repetition_penalty", client="repetition_penalty"),
+    RequestParam("presence_penalty", DType.FP32, "Additive presence penalty.", default=0.0,
+                 spec_default=True, low=-2.0, high=2.0, openai="presence_penalty",
+                 client="presence_penalty"),
+    RequestParam("frequency_penalty", DType.FP32, "Additive frequency penalty.", default=0.0,
+                 spec_default=True, low=-2.0, high=2.0, openai="frequency_penalty",
+                 client="frequency_penalty"),
+    RequestParam("min_tokens", DType.INT32, "Minimum number of tokens before EOS is allowed.",
+                 default=0, spec_default=True, low=0, high=1_048_576, openai="min_tokens",
+                 client="min_tokens"),
+    RequestParam("seed", DType.UINT64, "Random seed for sampling (default: a random one).",
+                 low=0, high=2**64, high_open=True, openai="seed", client="seed"),
+    RequestParam("beam_width", DType.INT32, "Beam width; 1 (the default) disables beam search.",
+                 default=1, spec_default=True, low=1, high=64,
+                 engines=frozenset({EngineKind.TRTLLM_CPP}),
+                 why_unsupported="this engine does not beam-search"),
+    RequestParam("stream", DType.BOOL, "Stream tokens as they are generated (decoupled models).",
+                 engine="streaming", default=True, spec_default=True, openai="stream", client="stream"),
+    RequestParam("exclude_input_in_output", DType.BOOL, "Do not echo the prompt (default true).",
+                 default=True, spec_default=True),
+    RequestParam("lora_name", DType.STRING, "Name of a LoRA adapter from the spec.", kind="adapter",
+                 engine="lora_task_id", engine_dtype=DType.UINT64, requires="lora"),
+)
+
+_PARAMS: Final = {p.name: p for p in REQUEST_PARAMETERS}
+
+
+def param(name: str) -> RequestParam:
+    """The row of request parameter ``name`` (its ensemble input name)."""
+    return _PARAMS[name]
+
+
+# Defaults a request gets for what it omits; the spec's ``defaults`` section overrides them.
+SAMPLING_DEFAULTS: Final[Mapping[str, Any]] = {
+    p.name: p.default for p in REQUEST_PARAMETERS if p.spec_default
+}
+
+
+class ParameterError(ValueError):
+    """A request parameter is wrong: the message starts with its name, ``param`` is it."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The known name a misspelt ``name`` most likely meant, if any is close."""
+    found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _number(p: RequestParam, value: Any) -> None:
+    what = "an integer" if p.dtype.is_integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{p.name} must be {what}; got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{p.name} must be a finite number; got {value!r}")
+    if p.dtype.is_integer and not float(value).is_integer():
+        raise ValueError(f"{p.name} must be an integer; got {value!r}")
+    v = int(value) if p.dtype.is_integer else value  # exact for 64-bit integers
+    lo_bad = p.low is not None and (v <= p.low if p.low_open else v < p.low)
+    hi_bad = p.high is not None and (v >= p.high if p.high_open else v > p.high)
+    if lo_bad or hi_bad:
+        extra = " (0 disables it)" if p.name == "top_k" else ""
+        raise ValueError(f"{p.name} must be {what} in {p.bounds_text}{extra}; got {value!r}")
+
+
+def check_request_values(
+    values: Mapping[str, Any], *, engine: EngineKind | None = None, limits: Limits = LIMITS
+) -> None:
+    """Check one request's parameters against the table; raise :class:`ParameterError`
+    naming the first bad one.
+
+    ``values`` maps ensemble input names to Python values (scalars; lists of strings for
+    word lists); absent names are not checked. Preprocessing runs this on every request
+    (with the engine it feeds, so what that engine cannot honour is refused rather than
+    dropped), the typed clients before sending, the spec loader on the spec's defaults.
+    """
+    for name, value in values.items():
+        p = _PARAMS.get(name)
+        if p is None:
+            known = [q.name for q in REQUEST_PARAMETERS]
+            hint = closest(name, known)
+            raise ParameterError(
+                f"{name} is not a request parameter" + (f"; did you mean {hint}?" if hint else "")
+                + f" (known: {', '.join(known)})", name)
+        try:
+            _check_one(p, value, limits)
+        except ValueError as exc:
+            raise ParameterError(str(exc), name) from None
+        if engine is not None and engine not in p.engines and value != p.default:
+            raise ParameterError(
+                f"{name} is not supported by this deployment's engine ({engine.value}): "
+                f"{p.why_unsupported}; leave it out", name)
+    mt, mn = values.get("max_tokens"), values.get("min_tokens")
+    if isinstance(mt, int) and isinstance(mn, int) and mn > mt:
+        raise ParameterError(f"min_tokens must be <= max_tokens ({mt}); got {mn}", "min_tokens")
+
+
+def _check_one(p: RequestParam, value: Any, limits: Limits) -> None:
+    if p.kind == "words":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(w, str) for w in value):
+            raise ValueError(f"{p.name} must be a list of strings; got {value!r}")
+        if len(value) > limits.max_stop_words:
+            raise ValueError(f"{p.name} must have at most {limits.max_stop_words} words; got {len(value)}")
+        for w in value:
+            if not w:
+                raise ValueError(f"{p.name} must not contain an empty word")
+            if len(w.encode("utf-8")) > limits.max_word_bytes:
+                raise ValueError(f"{p.name}: each word must be at most {limits.max_word_bytes} bytes")
+    elif p.dtype is DType.BOOL:
+        if not isinstance(value, bool):
+            raise ValueError(f"{p.name} must be true or false; got {value!r}")
+    elif p.dtype is DType.STRING:
+        if not isinstance(value, str):
+            raise ValueError(f"{p.name} must be a string; got {value!r}")
+    else:
+        _number(p, value)
+
+
+# Request parameters Triton itself defines (not tritonforge's): allowed on every request.
+# HTTP ``generate``/``generate_stream`` turn every JSON key that names no input into a
+# request parameter (and "id" too), gRPC clients set them explicitly.
+TRITON_REQUEST_PARAMETERS: Final = frozenset({
+    "id", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+    "binary_data_output", "headers",
+})
+
+
+def check_request_parameters(parameters: Mapping[str, Any]) -> None:
+    """Refuse request parameters nobody reads (a misspelt input such as ``temprature`` sent
+    to ``generate_stream`` arrives as one): :class:`ParameterError` naming it and the
+    closest input. Triton's own parameters (``triton_*``, sequence ids, priority) pass."""
+    known_inputs = [p.name for p in REQUEST_PARAMETERS]
+    for key in parameters:
+        if key in TRITON_REQUEST_PARAMETERS or key.startswith("triton_"):
+            continue
+        hint = closest(key, known_inputs + sorted(TRITON_REQUEST_PARAMETERS))
+        raise ParameterError(
+            f"{key} is not an input of this model" + (f"; did you mean {hint}?" if hint else "")
+            + " (inputs: " + ", ".join(known_inputs) + ")", key)
 
 
 # ----------------------------------------------------------------------------------------
-# The user-facing contract (ensemble / BLS). Reference TensorRT-LLM ensemble names.
-ENSEMBLE_INPUTS: Final[tuple[Tensor, ...]] = (
-    Tensor("text_input", DType.STRING, (1,), True, "Prompt text (UTF-8). One of text_input / messages."),
-    Tensor("messages", DType.STRING, (1,), True,
-           'Chat messages as JSON: [{"role": "user", "content": "..."}]; the chat template is applied.'),
-    Tensor("max_tokens", DType.INT32, (1,), True, "Maximum number of tokens to generate."),
-    Tensor("bad_words", DType.STRING, (-1,), True, "Words the model must not generate."),
-    Tensor("stop_words", DType.STRING, (-1,), True, "Generation stops after any of these words (not returned)."),
-    Tensor("end_id", DType.INT32, (1,), True, "End-of-sequence token id (default: the tokenizer's)."),
-    Tensor("pad_id", DType.INT32, (1,), True, "Padding token id (default: the tokenizer's)."),
-    Tensor("top_k", DType.INT32, (1,), True, "Top-k sampling; 0 disables."),
-    Tensor("top_p", DType.FP32, (1,), True, "Nucleus sampling probability mass, in (0, 1]."),
-    Tensor("temperature", DType.FP32, (1,), True, "Sampling temperature; 0 is greedy."),
-    Tensor("length_penalty", DType.FP32, (1,), True, "Beam-search length penalty."),
-    Tensor("repetition_penalty", DType.FP32, (1,), True, "Multiplicative repetition penalty; 1 disables."),
-    Tensor("presence_penalty", DType.FP32, (1,), True, "Additive presence penalty in [-2, 2]."),
-    Tensor("frequency_penalty", DType.FP32, (1,), True, "Additive frequency penalty in [-2, 2]."),
-    Tensor("min_tokens", DType.INT32, (1,), True, "Minimum number of tokens before EOS is allowed."),
-    Tensor("seed", DType.UINT64, (1,), True, "Random seed for sampling."),
-    Tensor("beam_width", DType.INT32, (1,), True, "Beam width; 1 (the default) disables beam search."),
-    Tensor("stream", DType.BOOL, (1,), True, "Stream tokens as they are generated (decoupled models)."),
-    Tensor("exclude_input_in_output", DType.BOOL, (1,), True, "Do not echo the prompt (default true)."),
-    Tensor("lora_name", DType.STRING, (1,), True, "Name of a LoRA adapter from the spec."),
-)
+# The user-facing contract (ensemble / BLS / _sync). Reference TensorRT-LLM ensemble names.
+ENSEMBLE_INPUTS: Final[tuple[Tensor, ...]] = tuple(p.tensor for p in REQUEST_PARAMETERS)
 
 ENSEMBLE_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("text_output", DType.STRING, (-1,), False,
@@ -233,32 +522,27 @@ ENSEMBLE_OUTPUTS: Final[tuple[Tensor, ...]] = (
 )
 
 # ----------------------------------------------------------------------------------------
-# The engine contract: NVIDIA's tensorrt_llm backend (inflight_batcher_llm) model.
-ENGINE_INPUTS: Final[tuple[Tensor, ...]] = (
+# The engine contract: NVIDIA's tensorrt_llm backend (inflight_batcher_llm) model. The
+# request parameters' engine inputs come from the table; these are the others.
+_ENGINE_CORE_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("input_ids", DType.INT32, (-1,), False, "Prompt token ids."),
     Tensor("input_lengths", DType.INT32, (1,), False, "Number of prompt tokens."),
-    Tensor("request_output_len", DType.INT32, (1,), False, "Maximum number of tokens to generate."),
-    Tensor("end_id", DType.INT32, (1,), True),
-    Tensor("pad_id", DType.INT32, (1,), True),
-    Tensor("runtime_top_k", DType.INT32, (1,), True),
-    Tensor("runtime_top_p", DType.FP32, (1,), True),
-    Tensor("temperature", DType.FP32, (1,), True),
-    Tensor("len_penalty", DType.FP32, (1,), True),
-    Tensor("repetition_penalty", DType.FP32, (1,), True),
-    Tensor("presence_penalty", DType.FP32, (1,), True),
-    Tensor("frequency_penalty", DType.FP32, (1,), True),
-    Tensor("min_tokens", DType.INT32, (1,), True),
-    Tensor("seed", DType.UINT64, (1,), True),
-    Tensor("beam_width", DType.INT32, (1,), True),
-    Tensor("streaming", DType.BOOL, (1,), True),
-    Tensor("exclude_input_in_output", DType.BOOL, (1,), True),
-    Tensor("return_log_probs", DType.BOOL, (1,), True),
-    Tensor("stop", DType.BOOL, (1,), True),
-    Tensor("stop_words_list", DType.INT32, (2, -1), True),
-    Tensor("bad_words_list", DType.INT32, (2, -1), True),
-    Tensor("embedding_bias", DType.FP32, (-1,), True),
-    Tensor("lora_task_id", DType.UINT64, (1,), True),
 )
+_ENGINE_CONTROL_INPUTS: Final[tuple[Tensor, ...]] = (
+    Tensor("return_log_probs", DType.BOOL, (1,), True),
+    Tensor("stop", DType.BOOL, (1,), True, "Cancel the live request with this request id."),
+    Tensor("embedding_bias", DType.FP32, (-1,), True),
+)
+
+
+def _engine_inputs() -> tuple[Tensor, ...]:
+    from_table = [t for p in REQUEST_PARAMETERS if (t := p.engine_tensor) is not None]
+    required = {"request_output_len"}
+    from_table = [t.renamed(t.name, optional=t.name not in required) for t in from_table]
+    return (*_ENGINE_CORE_INPUTS, *from_table, *_ENGINE_CONTROL_INPUTS)
+
+
+ENGINE_INPUTS: Final[tuple[Tensor, ...]] = _engine_inputs()
 
 ENGINE_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("output_ids", DType.INT32, (-1, -1), False, "Generated ids, beam x tokens."),
@@ -267,40 +551,48 @@ ENGINE_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("output_log_probs", DType.FP32, (-1, -1), False),
 )
 
-# tritonforge's CPU engine adds outputs the C++ backend lacks. Triton ensembles refuse a step
-# (or the ensemble's outputs) fed both by a decoupled model and by tensors from before it
-# (server issue 7275), so postprocessing can only read what the engine returns: these carry
-# what it needs. With the C++ backend they are absent and postprocessing infers the finish
-# reason from end_id and reports num_input_tokens as -1 (unknown).
+# tritonforge's engine model adds outputs the C++ backend lacks. Triton ensembles refuse a
+# step (or the ensemble's outputs) fed both by a decoupled model and by tensors from before
+# it (server issue 7275), so postprocessing can only read what the engine returns: these
+# carry what it needs.
 ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("finish_reason", DType.STRING, (1,), False, "Set on the last response."),
     Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
 )
 
-# Ensemble name -> engine name, where the two differ (the reference ensemble's renames).
-ENSEMBLE_TO_ENGINE_RENAMES: Final[dict[str, str]] = {
-    "top_k": "runtime_top_k",
-    "top_p": "runtime_top_p",
-    "length_penalty": "len_penalty",
-    "stream": "streaming",
-}
+# The request that cancels a live request: the engine contract's ``stop`` input, sent with
+# the request id of the request to cancel (TensorRT-LLM's semantics; tritonforge's engine
+# model does the same). The other inputs are the engine's required ones, with dummy values.
+# (engine input, value); every tensor is shaped [1, 1].
+STOP_REQUEST: Final[tuple[tuple[str, DType, Any], ...]] = (
+    ("input_ids", DType.INT32, 0),
+    ("input_lengths", DType.INT32, 1),
+    ("request_output_len", DType.INT32, 1),
+    ("stop", DType.BOOL, True),
+)
+
+
+def is_stop_request(inputs: Mapping[str, Any]) -> bool:
+    """Whether engine inputs (name -> array or None) are a stop request."""
+    stop = inputs.get("stop")
+    if stop is None:
+        return False
+    flat = stop.reshape(-1) if hasattr(stop, "reshape") else [stop]
+    return bool(len(flat)) and bool(flat[0])
+
 
 # ----------------------------------------------------------------------------------------
 # tritonforge's preprocessing and postprocessing models.
 # Preprocessing receives every ensemble input, validates the whole request in one place
-# (INVALID_ARG with a message naming the input), fills the spec's defaults, and hands the
-# engine a complete set of engine inputs: output ``out_<engine input>`` feeds engine input
+# (INVALID_ARG naming the parameter), fills the spec's defaults, and hands the engine a
+# complete set of engine inputs: output ``out_<engine input>`` feeds engine input
 # ``<engine input>``. So both engines see the same, already-checked values.
 PREPROCESSING_INPUTS: Final[tuple[Tensor, ...]] = ENSEMBLE_INPUTS
 
 PREPROCESSED_ENGINE_INPUTS: Final[tuple[str, ...]] = (
-    "input_ids", "input_lengths", "request_output_len", "end_id", "pad_id", "runtime_top_k",
-    "runtime_top_p", "temperature", "len_penalty", "repetition_penalty", "presence_penalty",
-    "frequency_penalty", "min_tokens", "seed", "beam_width", "streaming",
-    "exclude_input_in_output", "stop_words_list", "bad_words_list", "lora_task_id",
+    "input_ids", "input_lengths",
+    *(n for p in REQUEST_PARAMETERS if (n := p.engine_name) is not None),
 )
-# Engine inputs preprocessing produces but the ensemble maps only when the spec enables them.
-CONDITIONAL_ENGINE_INPUTS: Final[dict[str, str]] = {"lora_task_id": "lora.enabled"}
 PRE_OUTPUT_PREFIX: Final = "out_"
 
 
@@ -309,7 +601,16 @@ def pre_output(engine_input: str) -> str:
     return PRE_OUTPUT_PREFIX + engine_input
 
 
-_ENGINE_IN = {t.name: t for t in ENGINE_INPUTS}
+def engine_inputs_for(engine: EngineKind, features: Iterable[str] = ()) -> tuple[str, ...]:
+    """The preprocessed engine inputs an ensemble wires to ``engine`` (with the spec's
+    ``features`` on): a parameter the engine does not honour is not sent to it."""
+    on = set(features)
+    skip = {n for p in REQUEST_PARAMETERS if (n := p.engine_name) is not None
+            and (engine not in p.engines or (p.requires is not None and p.requires not in on))}
+    return tuple(n for n in PREPROCESSED_ENGINE_INPUTS if n not in skip)
+
+
+_ENGINE_IN = by_name(ENGINE_INPUTS)
 PREPROCESSING_OUTPUTS: Final[tuple[Tensor, ...]] = tuple(
     _ENGINE_IN[n].renamed(pre_output(n), optional=False) for n in PREPROCESSED_ENGINE_INPUTS
 )
@@ -343,12 +644,12 @@ class Param(str, enum.Enum):
     MODEL = "tritonforge_model"  # model reference: "package:<name>" or a folder path
     TOKENIZER = "tritonforge_tokenizer"  # tokenizer folder/reference; defaults to MODEL
     CHAT_TEMPLATE = "tritonforge_chat_template"  # "messages" | "always"
-    SAMPLING_DEFAULTS = "tritonforge_sampling_defaults"  # JSON of SamplingDefaults fields
-    DEFAULT_STOP_WORDS = "tritonforge_default_stop_words"  # JSON list of strings
+    SAMPLING_DEFAULTS = "tritonforge_sampling_defaults"  # JSON {parameter: default}
     MAX_MODEL_LEN = "tritonforge_max_model_len"  # context length in tokens
     MAX_PROMPT_BYTES = "tritonforge_max_prompt_bytes"
     LORA_ADAPTERS = "tritonforge_lora_adapters"  # JSON {name: {"id": int, "path": str}}
     ENGINE_ARGS = "tritonforge_engine_args"  # JSON of vLLM AsyncEngineArgs
+    ENGINE_KIND = "tritonforge_engine_kind"  # an EngineKind value
     SKIP_SPECIAL_TOKENS = "tritonforge_skip_special_tokens"  # "true" | "false"
     TARGET_MODEL = "tritonforge_target_model"  # BLS / sync model: the model it calls
     ENGINE_ENV = "tritonforge_engine_env"  # JSON {VAR: value} set before importing the engine
@@ -385,63 +686,44 @@ def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:
     return out
 
 
-def check_sampling(values: dict[str, Any], limits: Limits = LIMITS) -> None:
-    """Check the scalar sampling inputs of one request; raise ``ValueError`` naming the first bad one.
+# ----------------------------------------------------------------------------------------
+# The reference table in docs/requests.md.
+REQUESTS_BEGIN: Final = "<!-- request-parameters:begin (generated from tritonforge.contract; do not edit) -->"
+REQUESTS_END: Final = "<!-- request-parameters:end -->"
 
-    ``values`` maps ensemble input names to Python scalars; absent names are not checked.
-    The preprocessing model and the clients both call this, so they agree on every bound.
-    """
 
-    def bad(name: str, allowed: str) -> ValueError:
-        return ValueError(f"{name} must be {allowed}; got {values[name]!r}")
+def requests_markdown() -> str:
+    """The request-parameter reference, one row per table row."""
+    names = {EngineKind.VLLM: "vLLM", EngineKind.TRTLLM_CPP: "TRT-LLM C++",
+             EngineKind.TRTLLM_LLMAPI: "TRT-LLM LLM API"}
+    lines = [
+        "| ensemble input | type | engine input | default | allowed | OpenAI field | client field | engines | description |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in REQUEST_PARAMETERS:
+        dims = "" if p.dims == (1,) else "[" + ", ".join(map(str, p.dims)) + "]"
+        default = "" if p.default is None else json.dumps(list(p.default) if isinstance(p.default, tuple) else p.default)
+        engines = "all" if p.engines == _ALL_ENGINES else ", ".join(names[e] for e in ENGINE_KINDS if e in p.engines)
+        cells = [f"`{p.name}`", f"{p.dtype.wire}{dims}", f"`{p.engine_name}`" if p.engine_name else "`input_ids`",
+                 f"`{default}`" if default else "", p.bounds_text, f"`{p.openai}`" if p.openai else "",
+                 f"`{p.client}`" if p.client else "", engines, p.doc.replace("|", "\\|")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
-    def num(name: str) -> float | None:
-        v = values.get(name)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise bad(name, "a number")
-        if v != v or v in (float("inf"), float("-inf")):
-            raise bad(name, "a finite number")
-        return float(v)
 
-    if (v := num("max_tokens")) is not None and not (limits.max_tokens_min <= v <= limits.max_tokens_max):
-        raise bad("max_tokens", f"an integer in [{limits.max_tokens_min}, {limits.max_tokens_max}]")
-    if (v := num("temperature")) is not None and not (limits.temperature_min <= v <= limits.temperature_max):
-        raise bad("temperature", f"in [{limits.temperature_min}, {limits.temperature_max}]")
-    if (v := num("top_p")) is not None and not (limits.top_p_min_exclusive < v <= limits.top_p_max):
-        raise bad("top_p", f"in ({limits.top_p_min_exclusive}, {limits.top_p_max}]")
-    if (v := num("top_k")) is not None and not (limits.top_k_min <= v <= limits.top_k_max):
-        raise bad("top_k", f"an integer in [{limits.top_k_min}, {limits.top_k_max}] (0 disables it)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if (v := num(name)) is not None and not (limits.penalty_min <= v <= limits.penalty_max):
-            raise bad(name, f"in [{limits.penalty_min}, {limits.penalty_max}]")
-    if (v := num("repetition_penalty")) is not None and not (
-        limits.repetition_penalty_min_exclusive < v <= limits.repetition_penalty_max
-    ):
-        raise bad("repetition_penalty",
-                  f"in ({limits.repetition_penalty_min_exclusive}, {limits.repetition_penalty_max}]")
-    num("length_penalty")
-    if (v := num("min_tokens")) is not None:
-        if v < limits.min_tokens_min:
-            raise bad("min_tokens", f">= {limits.min_tokens_min}")
-        mt = values.get("max_tokens")
-        if isinstance(mt, (int, float)) and not isinstance(mt, bool) and v > mt:
-            raise bad("min_tokens", f"<= max_tokens ({mt})")
-    if (v := num("beam_width")) is not None and not (limits.beam_width_min <= v <= limits.beam_width_max):
-        raise bad("beam_width", f"an integer in [{limits.beam_width_min}, {limits.beam_width_max}]")
-    if (v := num("seed")) is not None and not (0 <= v < 2**64):
-        raise bad("seed", "an unsigned 64-bit integer")
-    for name in ("stop_words", "bad_words"):
-        words = values.get(name)
-        if words is None:
-            continue
-        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) for w in words):
-            raise bad(name, "a list of strings")
-        if len(words) > limits.max_stop_words:
-            raise bad(name, f"at most {limits.max_stop_words} words")
-        for w in words:
-            if not w:
-                raise ValueError(f"{name} must not contain an empty word")
-            if len(w.encode("utf-8")) > limits.max_word_bytes:
-                raise ValueError(f"{name}: each word must be at most {limits.max_word_bytes} bytes")
+def replace_requests_markdown(document: str) -> str:
+    """``document`` with the text between the markers replaced by the current table."""
+    head, _, rest = document.partition(REQUESTS_BEGIN)
+    _, _, tail = rest.partition(REQUESTS_END)
+    return f"{head}{REQUESTS_BEGIN}\n\n{requests_markdown()}\n{REQUESTS_END}{tail}"
+
+
+if __name__ == "__main__":  # pragma: no cover - maintenance helper
+    import sys
+    from pathlib import Path
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--write":
+        target = Path(sys.argv[2])
+        target.write_text(replace_requests_markdown(target.read_text()))
+    else:
+        sys.stdout.write(requests_markdown())

@@ -43,7 +43,6 @@ def _read_explain_input(value: str) -> tuple[str, str]:
 def _explain(value: str) -> None:
     from rich.markup import escape
     from rich.table import Table
-
     from tritonforge.runtime.doctor import explain
 
     text, source = _read_explain_input(value)
@@ -93,7 +92,6 @@ def doctor(
         return
     from rich.markup import escape
     from rich.table import Table
-
     from tritonforge.runtime.doctor import Status, run_checks
 
     if repo is None:

@@ -148,7 +148,6 @@ def serve(
 ) -> None:
     """Serve a model with a real tritonserver (the bundled one, or one on PATH)."""
     from rich.markup import escape
-
     from tritonforge.runtime.models import ModelError, resolve_model
     from tritonforge.runtime.server import ServerError, ServerOptions, TritonServer
 

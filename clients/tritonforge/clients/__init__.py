@@ -28,9 +28,11 @@ from tritonforge.clients._models import (
 )
 from tritonforge.clients.exceptions import (
     Cancelled,
+    EngineError,
     Forbidden,
     InvalidRequest,
     ModelNotReady,
+    Overloaded,
     ProtocolError,
     ServerError,
     ServerUnavailable,
@@ -39,7 +41,7 @@ from tritonforge.clients.exceptions import (
     Timeout,
     TritonForgeError,
 )
-from tritonforge.contract import FinishReason
+from tritonforge.contract import ErrorKind, FinishReason
 
 __all__ = [
     "USE_CLIENT_DEFAULT",
@@ -49,12 +51,15 @@ __all__ = [
     "Chunk",
     "Client",
     "Completion",
+    "EngineError",
+    "ErrorKind",
     "FinishReason",
     "Forbidden",
     "InvalidRequest",
     "Message",
     "ModelInfo",
     "ModelNotReady",
+    "Overloaded",
     "ProtocolError",
     "Request",
     "RequestOverrides",

@@ -18,7 +18,6 @@ from tritonforge.clients._models import (
     USE_CLIENT_DEFAULT,
     Chunk,
     Completion,
-    Message,
     Request,
     RequestOverrides,
     TimeoutTypes,
@@ -208,6 +207,7 @@ class BaseClient:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         connect_retries: int = 3,
         admin_key: str | None = None,
+        check_requests: bool = True,
     ) -> None:
         self.protocol: Protocol = protocol
         self.url = normalise_url(url, protocol)
@@ -218,8 +218,7 @@ class BaseClient:
         self.connect_retries = connect_retries
         self._model = model
         self._admin_key = admin_key if admin_key is not None else _env_admin_key()
-        # Private: tests switch this off to send requests only the server can refuse.
-        self._check_requests = True
+        self.check_requests = check_requests
 
     # -- request building ------------------------------------------------------------
     def build_request(self, req: RequestInput, overrides: RequestOverrides) -> Request:
@@ -233,12 +232,9 @@ class BaseClient:
             request = Request(**fields)
         else:
             raise InvalidRequest(f"expected a Request or a prompt string; got {type(req).__name__}")
-        if self._check_requests:
+        if self.check_requests:
             request.validate()
         return request
-
-    def build_chat(self, messages: list[Message] | list[dict[str, str]], overrides: RequestOverrides) -> Request:
-        return self.build_request(Request(messages=messages), overrides)
 
     def timeout_for(self, request: Request) -> float | None:
         t: TimeoutTypes = request.timeout

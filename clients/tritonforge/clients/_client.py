@@ -40,6 +40,8 @@ from tritonforge.clients._models import Chunk, Completion, Message, Request, Req
 from tritonforge.clients.exceptions import (
     Cancelled,
     Forbidden,
+    InvalidRequest,
+    ModelNotReady,
     ServerUnavailable,
     StreamConsumed,
     StreamError,
@@ -98,7 +100,7 @@ class Stream:
         if self._state is not _State.NEW:
             return
         client = self._client
-        model = client._resolve_model()
+        model = client.resolve_model()
         rec = Recorder(model, self.request, client.timeout_for(self.request))
         wire = client.wire_request(self.request, model)
         attempt = 0
@@ -124,6 +126,8 @@ class Stream:
                     call.cancel()
                 if call is not None or isinstance(exc, (Timeout, KeyboardInterrupt)):
                     client._stop_on_server(model, self.request.request_id)
+                if isinstance(exc, InvalidRequest) and exc.kind is None:
+                    raise client._refused_by_triton(exc, model) from exc
                 raise
         self._call, self._first, self._rec, self._state = call, first, rec, _State.OPEN
 
@@ -225,7 +229,7 @@ class AsyncStream:
         if self._state is not _State.NEW:
             return
         client = self._client
-        model = await client._resolve_model()
+        model = await client.resolve_model()
         rec = Recorder(model, self.request, client.timeout_for(self.request))
         wire = client.wire_request(self.request, model)
         attempt = 0
@@ -251,6 +255,8 @@ class AsyncStream:
                     await call.cancel()
                 if call is not None or isinstance(exc, (Timeout, asyncio.CancelledError)):
                     await client._stop_on_server(model, self.request.request_id)
+                if isinstance(exc, InvalidRequest) and exc.kind is None:
+                    raise await client._refused_by_triton(exc, model) from exc
                 raise
         self._call, self._first, self._rec, self._state = call, first, rec, _State.OPEN
 
@@ -345,7 +351,9 @@ class Client(BaseClient):
     ``timeout`` each request's deadline in seconds (``None``: none); ``connect_retries``
     how often a refused connection is retried before the first response; ``admin_key``
     the server's admin key, sent only to list its models for discovery (default:
-    ``$TRITONFORGE_ADMIN_KEY``). One client
+    ``$TRITONFORGE_ADMIN_KEY``); ``check_requests`` whether each request is checked
+    against the contract's bounds before it is sent (the gateway turns it off: the server
+    is the one authority and answers with its own messages). One client
     serves any number of concurrent streams (threads or gevent greenlets).
     """
 
@@ -359,10 +367,11 @@ class Client(BaseClient):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         connect_retries: int = 3,
         admin_key: str | None = None,
+        check_requests: bool = True,
     ) -> None:
         super().__init__(url, protocol=protocol, model=model, timeout=timeout,
                          connect_timeout=connect_timeout, connect_retries=connect_retries,
-                         admin_key=admin_key)
+                         admin_key=admin_key, check_requests=check_requests)
         self._transport: GrpcTransport | HttpTransport | None = None
         self._engines: dict[str, str | None] = {}
         self._lock = threading.Lock()
@@ -380,7 +389,9 @@ class Client(BaseClient):
                     )
         return self._transport
 
-    def _resolve_model(self) -> str:
+    def resolve_model(self) -> str:
+        """The model this client sends to: the one it was given, else the one ensemble the
+        server has ready (discovery lists the repository: needs the admin key if set)."""
         if self._model is None:
             t = self._get_transport()
             try:
@@ -405,6 +416,15 @@ class Client(BaseClient):
         """Send chat ``messages`` (``[{"role": ..., "content": ...}]``) and wait for the reply."""
         return self.complete(Request(messages=messages), **overrides)
 
+    def _refused_by_triton(self, exc: InvalidRequest, model: str) -> TritonForgeError:
+        """An untagged refusal comes from Triton itself: for a model that is not ready
+        (unknown, unloaded) that is :class:`ModelNotReady`, asked of the server."""
+        try:
+            ready = self._get_transport().model_ready(model)
+        except TritonForgeError:
+            return exc
+        return exc if ready else ModelNotReady(str(exc))
+
     def _stop_on_server(self, model: str, request_id: str | None) -> None:
         """Ask the ensemble's engine step to drop ``request_id`` (best effort, never raises):
         Triton 2.51 ensembles do not forward a client's cancellation to a running step."""
@@ -426,7 +446,7 @@ class Client(BaseClient):
 
     def ready(self, model: str | None = None) -> bool:
         """Whether ``model`` (default: this client's model) is loaded and ready."""
-        return self._get_transport().model_ready(model or self._resolve_model())
+        return self._get_transport().model_ready(model or self.resolve_model())
 
     def close(self) -> None:
         """Close the connection; streams still running are cancelled."""
@@ -462,10 +482,11 @@ class AsyncClient(BaseClient):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         connect_retries: int = 3,
         admin_key: str | None = None,
+        check_requests: bool = True,
     ) -> None:
         super().__init__(url, protocol=protocol, model=model, timeout=timeout,
                          connect_timeout=connect_timeout, connect_retries=connect_retries,
-                         admin_key=admin_key)
+                         admin_key=admin_key, check_requests=check_requests)
         self._transport: AsyncGrpcTransport | AsyncHttpTransport | None = None
         self._engines: dict[str, str | None] = {}
         self._lock = threading.Lock()
@@ -483,7 +504,9 @@ class AsyncClient(BaseClient):
                     )
         return self._transport
 
-    async def _resolve_model(self) -> str:
+    async def resolve_model(self) -> str:
+        """The model this client sends to: the one it was given, else the one ensemble the
+        server has ready (discovery lists the repository: needs the admin key if set)."""
         if self._model is None:
             t = await self._get_transport()
             try:
@@ -508,6 +531,14 @@ class AsyncClient(BaseClient):
         """Send chat ``messages`` (``[{"role": ..., "content": ...}]``) and wait for the reply."""
         return await self.complete(Request(messages=messages), **overrides)
 
+    async def _refused_by_triton(self, exc: InvalidRequest, model: str) -> TritonForgeError:
+        """Async twin of :meth:`Client._refused_by_triton`."""
+        try:
+            ready = await (await self._get_transport()).model_ready(model)
+        except TritonForgeError:
+            return exc
+        return exc if ready else ModelNotReady(str(exc))
+
     async def _stop_on_server(self, model: str, request_id: str | None) -> None:
         """Async twin of :meth:`Client._stop_on_server` (best effort, never raises)."""
         if not request_id:
@@ -530,7 +561,7 @@ class AsyncClient(BaseClient):
 
     async def ready(self, model: str | None = None) -> bool:
         """Whether ``model`` (default: this client's model) is loaded and ready."""
-        return await (await self._get_transport()).model_ready(model or await self._resolve_model())
+        return await (await self._get_transport()).model_ready(model or await self.resolve_model())
 
     async def aclose(self) -> None:
         """Close the connection; streams still running are cancelled."""

@@ -16,14 +16,7 @@ import grpc
 import grpc.aio
 from tritonforge.clients import _wire
 from tritonforge.clients._base import ModelInfo
-from tritonforge.clients.exceptions import (
-    Cancelled,
-    ModelNotReady,
-    ServerError,
-    ServerUnavailable,
-    Timeout,
-    TritonForgeError,
-)
+from tritonforge.clients.exceptions import ModelNotReady, ServerError, Timeout, TritonForgeError
 
 __all__ = ["AsyncGrpcCall", "AsyncGrpcTransport", "GrpcCall", "GrpcTransport", "translate"]
 
@@ -50,18 +43,18 @@ def translate(exc: grpc.RpcError) -> TritonForgeError:
     details = str((details_fn() if callable(details_fn) else None) or exc)
     if code == grpc.StatusCode.UNAVAILABLE:
         if "restricted" in details:  # Triton's answer to a restricted protocol
-            return _wire.server_error(details, kind="forbidden")
-        return ServerUnavailable(details)
+            return _wire.server_error(details, status="forbidden")
+        return _wire.server_error(details, status="unavailable")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Timeout(f"request timed out: {details}")
     if code == grpc.StatusCode.CANCELLED:
-        return Cancelled(f"request cancelled: {details}")
+        return _wire.server_error(f"request cancelled: {details}", status="cancelled")
     if code == grpc.StatusCode.NOT_FOUND:
-        return ModelNotReady(details)
+        return _wire.server_error(details, status="not_found")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return _wire.server_error(details, kind="invalid")
+        return _wire.server_error(details, status="invalid")
     if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-        return _wire.server_error(details, kind="internal")
+        return _wire.server_error(details, status="internal")
     return ServerError(f"{code.name if code else 'gRPC error'}: {details}")
 
 

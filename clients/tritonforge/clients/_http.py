@@ -52,12 +52,13 @@ def error_text(body: str) -> str:
 
 def status_error(status: int, message: str) -> TritonForgeError:
     """The typed error for a non-2xx reply carrying the server's ``message``."""
-    kind = {400: "invalid", 403: "forbidden", 404: "not_found", 503: "unavailable"}.get(status)
+    kind: _wire.Status | None = {400: "invalid", 403: "forbidden", 404: "not_found",
+                                 499: "cancelled", 503: "unavailable"}.get(status)
     if kind is None and status >= 500:
         kind = "internal"
     if kind is None:
         return ServerError(f"HTTP {status}: {message}")
-    return _wire.server_error(message, kind=kind)
+    return _wire.server_error(message, status=kind)
 
 
 def _is_sse(response: httpx.Response) -> bool:

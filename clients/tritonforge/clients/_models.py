@@ -47,30 +47,15 @@ class Message(TypedDict):
     content: str
 
 
-# Request field -> ensemble input tensor. Dtypes and shapes come from the contract; this
-# table only says which field feeds which input (checked against the contract at import).
+# Request field -> ensemble input, from the contract's request-parameter table (the
+# fields of Request and RequestOverrides are asserted equal to it below, at import).
 REQUEST_TENSORS: Final[dict[str, str]] = {
-    "prompt": "text_input",
-    "messages": "messages",
-    "max_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_tokens": "min_tokens",
-    "seed": "seed",
-    "stop": "stop_words",
-    "bad_words": "bad_words",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "repetition_penalty": "repetition_penalty",
-    "stream": "stream",
+    p.client: p.name for p in contract.REQUEST_PARAMETERS if p.client is not None
 }
-_INPUTS: Final = contract.by_name(contract.ENSEMBLE_INPUTS)
-_unknown = set(REQUEST_TENSORS.values()) - set(_INPUTS)
-if _unknown:  # pragma: no cover - fails at import if the contract drifts
-    raise ImportError(f"tritonforge.clients: the contract lacks inputs {sorted(_unknown)}")
-
-_INTEGER_TYPES: Final = (contract.DType.INT32, contract.DType.INT64, contract.DType.UINT64)
+_WORD_FIELDS: Final = frozenset(
+    p.client for p in contract.REQUEST_PARAMETERS if p.kind == "words" and p.client
+)
+_NOT_PARAMETERS: Final = frozenset({"request_id", "timeout"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +74,7 @@ class Request:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     min_tokens: int | None = None
     seed: int | None = None
     stop: Sequence[str] | None = None
@@ -105,7 +91,7 @@ class Request:
         if self.messages is not None and not isinstance(self.messages, (str, bytes)):
             msgs = tuple(dict(m) if isinstance(m, Mapping) else m for m in self.messages)
             object.__setattr__(self, "messages", msgs)
-        for name in ("stop", "bad_words"):
+        for name in _WORD_FIELDS:
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, bytes)):
                 object.__setattr__(self, name, tuple(value))
@@ -130,7 +116,7 @@ class Request:
             value: Any = self.messages_json() if fname == "messages" else getattr(self, fname)
             if value is None:
                 continue
-            out[tensor] = list(value) if fname in ("stop", "bad_words") else value
+            out[tensor] = list(value) if fname in _WORD_FIELDS else value
         return out
 
     def validate(self) -> None:
@@ -157,27 +143,21 @@ class Request:
                 contract.parse_messages(self.messages_json() or "")
             except (ValueError, TypeError) as exc:
                 raise InvalidRequest(str(exc)) from None
-        values = self.inputs()
-        for name, value in values.items():
-            tensor = _INPUTS[name]
-            if tensor.dtype in _INTEGER_TYPES and (
-                isinstance(value, bool) or not isinstance(value, int)
-            ):
-                raise InvalidRequest(f"{name} must be an integer; got {value!r}")
         if not isinstance(self.stream, bool):
-            raise InvalidRequest(f"stream must be true or false; got {self.stream!r}")
-        for name in ("stop", "bad_words"):
+            raise InvalidRequest(f"stream must be true or false; got {self.stream!r}", param="stream")
+        for name in _WORD_FIELDS:
             if isinstance(getattr(self, name), (str, bytes)):
-                raise InvalidRequest(f"{name} must be a list of strings, not one string")
+                raise InvalidRequest(f"{name} must be a list of strings, not one string", param=name)
         t = self.timeout
         if not isinstance(t, UseClientDefault) and t is not None and (
             isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0
         ):
             raise InvalidRequest(f"timeout must be a positive number of seconds; got {self.timeout!r}")
+        values = {k: v for k, v in self.inputs().items() if contract.param(k).kind != "prompt"}
         try:
-            contract.check_sampling(values)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
+            contract.check_request_values(values)
+        except contract.ParameterError as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from None
 
 
 class RequestOverrides(TypedDict, total=False):
@@ -192,6 +172,7 @@ class RequestOverrides(TypedDict, total=False):
     temperature: float | None
     top_p: float | None
     top_k: int | None
+    min_p: float | None
     min_tokens: int | None
     seed: int | None
     stop: Sequence[str] | None
@@ -202,6 +183,14 @@ class RequestOverrides(TypedDict, total=False):
     stream: bool
     request_id: str | None
     timeout: TimeoutTypes
+
+
+_fields = {f.name for f in dataclasses.fields(Request)} - _NOT_PARAMETERS
+if _fields != set(REQUEST_TENSORS) or set(RequestOverrides.__annotations__) - _NOT_PARAMETERS != _fields:
+    raise ImportError(  # pragma: no cover - fails at import if the contract drifts
+        "tritonforge.clients: Request fields differ from the contract's request parameters: "
+        f"{sorted(_fields ^ set(REQUEST_TENSORS))}"
+    )
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,18 @@ whose JSON data has the output names as keys.
 from __future__ import annotations
 
 import json
-import re
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from tritonforge import contract
 from tritonforge.clients.exceptions import (
+    Cancelled,
+    EngineError,
     Forbidden,
     InvalidRequest,
     ModelNotReady,
+    Overloaded,
     ProtocolError,
     ServerError,
     ServerUnavailable,
@@ -35,6 +37,7 @@ __all__ = [
     "OUTPUT_TEXT",
     "OUTPUT_TOKENS",
     "Event",
+    "Status",
     "decode_bytes",
     "encode_bytes",
     "grpc_event",
@@ -147,35 +150,25 @@ def grpc_request(request: Request, model: str) -> Any:
     return msg
 
 
-# The engine contract's ``stop`` input cancels the live request carrying the same request id
-# (TensorRT-LLM's semantics; tritonforge's CPU engine does the same). Triton 2.51 ensembles
-# do not forward a client's cancellation to a running step, so a client that leaves a stream
-# early sends this to the ensemble's engine step. The other inputs are the required ones.
-_STOP_INPUTS: dict[str, tuple[str, list[int], list[Any]]] = {
-    "input_ids": ("INT32", [1, 1], [0]),
-    "input_lengths": ("INT32", [1, 1], [1]),
-    "request_output_len": ("INT32", [1, 1], [1]),
-    "stop": ("BOOL", [1, 1], [True]),
-}
-
-
 def grpc_stop_request(engine: str, request_id: str) -> Any:
-    """The request that cancels ``request_id`` on the engine model ``engine``."""
+    """The request that cancels ``request_id`` on the engine model ``engine``
+    (``contract.STOP_REQUEST``: Triton 2.51 ensembles do not forward a client's cancellation
+    to a running step, so a client that leaves a stream early sends this)."""
     from tritonclient.grpc import service_pb2
 
     msg = service_pb2.ModelInferRequest(model_name=engine, id=request_id)
-    for name, (datatype, shape, values) in _STOP_INPUTS.items():
+    for name, dtype, value in contract.STOP_REQUEST:
         msg.inputs.append(
-            service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=shape)
+            service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=dtype.wire, shape=[1, 1])
         )
-        msg.raw_input_contents.append(_encode(datatype, values))
+        msg.raw_input_contents.append(_encode(dtype.wire, [value]))
     return msg
 
 
 def http_stop_body(request_id: str) -> dict[str, Any]:
     """The ``generate_stream`` body that cancels ``request_id`` on the engine model."""
-    body: dict[str, Any] = {name: (vals if name == "input_ids" else vals[0])
-                            for name, (_, _, vals) in _STOP_INPUTS.items()}
+    body: dict[str, Any] = {name: ([value] if name == "input_ids" else value)
+                            for name, _, value in contract.STOP_REQUEST}
     body["id"] = request_id
     return body
 
@@ -273,32 +266,46 @@ def _event(values: dict[str, list[Any]], *, final: bool) -> Event:
     )
 
 
-_RESTRICTED: Final = re.compile(r"is restricted", re.IGNORECASE)
-# In-stream errors carry no status code. tritonforge's models word internal failures as
-# "<step> failed: <reason>"; refused requests name the bad input instead.
-_INTERNAL: Final = re.compile(r"\bfailed: |internal error", re.IGNORECASE)
-_MODEL_MISSING: Final = re.compile(
-    r"unknown model|is not found|not ready|no available versions|is not loaded|unavailable model",
-    re.IGNORECASE,
-)
+# The transport's status class where there is one (gRPC code / HTTP status); ``None``
+# inside a stream (gRPC ``error_message``, an SSE ``error`` event), which carries none.
+Status = Literal["invalid", "forbidden", "not_found", "unavailable", "internal", "cancelled"]
+
+_BY_KIND: Final[dict[contract.ErrorKind, type[TritonForgeError]]] = {
+    contract.ErrorKind.INVALID_REQUEST: InvalidRequest,
+    contract.ErrorKind.OVERLOADED: Overloaded,
+    contract.ErrorKind.CANCELLED: Cancelled,
+    contract.ErrorKind.NOT_READY: ModelNotReady,
+    contract.ErrorKind.ENGINE_FAILURE: EngineError,
+    contract.ErrorKind.INTERNAL: ServerError,
+}
+_BY_STATUS: Final[dict[str, type[TritonForgeError]]] = {
+    "invalid": InvalidRequest,
+    "forbidden": Forbidden,
+    "not_found": ModelNotReady,
+    "unavailable": ServerUnavailable,
+    "internal": ServerError,
+    "cancelled": Cancelled,
+}
 
 
-def server_error(message: str, *, kind: str | None = None) -> TritonForgeError:
-    """The typed error for a message the server sent.
+def server_error(message: str, *, status: Status | None = None) -> TritonForgeError:
+    """The typed error for a message the server sent: the one parser of error kinds.
 
-    ``kind`` is the transport's status class when there is one: ``"invalid"`` (gRPC
-    INVALID_ARGUMENT, HTTP 400), ``"not_found"``, ``"unavailable"``, ``"internal"``; ``None``
-    for errors inside a stream (``error_message`` / SSE ``error`` event), which carry no
-    status: by the serving contract those are refused requests, unless they name a missing
-    model or read as an internal failure ("<step> failed: ...").
+    tritonforge's models tag every error with its kind (``contract.format_error``); that
+    tag decides. An untagged error is Triton's own: the transport's ``status`` decides, and
+    inside a stream (no status) it is a refused request -- Triton checks a request's inputs
+    and model before any step runs (the clients tell an unknown model apart by asking the
+    server whether it is ready).
     """
     text = message.strip() or "the server reported an error without a message"
-    if kind == "forbidden" or _RESTRICTED.search(text):
-        return Forbidden(text)
-    if kind == "not_found" or _MODEL_MISSING.search(text):
-        return ModelNotReady(text)
-    if kind == "unavailable":
-        return ServerUnavailable(text)
-    if kind == "internal" or (kind is None and _INTERNAL.search(text)):
-        return ServerError(text)
-    return InvalidRequest(text, server_message=text)
+    info = contract.parse_error(text)
+    if info is not None:
+        cls = _BY_KIND[info.kind]
+        if cls is InvalidRequest:
+            return InvalidRequest(info.message, server_message=info.message, kind=info.kind,
+                                  param=info.param)
+        return cls(info.message, kind=info.kind, param=info.param)
+    cls = _BY_STATUS.get(status or "invalid", ServerError)
+    if cls is InvalidRequest:
+        return InvalidRequest(text, server_message=text)
+    return cls(text)

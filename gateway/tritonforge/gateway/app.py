@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import hmac
 import json
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -30,16 +29,17 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-
 from tritonforge.clients import (
     AsyncClient,
     AsyncStream,
     Cancelled,
     Completion,
+    EngineError,
     FinishReason,
     Forbidden,
     InvalidRequest,
     ModelNotReady,
+    Overloaded,
     ProtocolError,
     Request,
     ServerUnavailable,
@@ -61,7 +61,6 @@ _SSE_HEADERS: Final = [
     (b"x-accel-buffering", b"no"),
 ]
 _DONE: Final = b"data: [DONE]\n\n"
-_ENSEMBLE_PREFIX: Final = re.compile(r"^in ensemble '[^']*', ")
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,12 @@ class GatewayConfig:
 def translate(exc: TritonForgeError) -> oai.ApiError:
     """The OpenAI-shaped error (and HTTP status) for a client error."""
     if isinstance(exc, InvalidRequest):
-        message = exc.server_message or str(exc)
-        return oai.ApiError(400, message, param=oai.guess_param(_ENSEMBLE_PREFIX.sub("", message)))
+        return oai.ApiError(400, str(exc), param=oai.openai_param(exc.param))
+    if isinstance(exc, Overloaded):
+        return oai.ApiError(503, f"the server is at capacity, retry later: {exc}", "server_error",
+                            code="overloaded")
+    if isinstance(exc, EngineError):
+        return oai.ApiError(500, f"the inference engine failed: {exc}", "server_error", code="engine_failure")
     if isinstance(exc, (ServerUnavailable, ModelNotReady, Forbidden, Cancelled)):
         code = "model_not_ready" if isinstance(exc, ModelNotReady) else "triton_unavailable"
         return oai.ApiError(503, f"Triton is not serving the model: {exc}", "server_error", code=code)
@@ -131,10 +134,9 @@ class _Gateway:
 
     def start(self) -> None:
         c = self.config
-        self.client = AsyncClient(c.triton_url, protocol=c.protocol, model=c.model,
-                                  timeout=c.timeout, admin_key=c.admin_key)
         # The server is the one authority on validity (see the module docstring).
-        self.client._check_requests = False
+        self.client = AsyncClient(c.triton_url, protocol=c.protocol, model=c.model,
+                                  timeout=c.timeout, admin_key=c.admin_key, check_requests=False)
 
     async def stop(self) -> None:
         if self.client is not None:

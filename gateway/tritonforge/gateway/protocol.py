@@ -10,13 +10,13 @@ contract (the same check the server runs), not restated here.
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from tritonforge import contract
 from tritonforge.clients import FinishReason, Request
 
 __all__ = [
@@ -30,9 +30,9 @@ __all__ = [
     "completion_chunk",
     "completion_response",
     "error_body",
-    "guess_param",
     "model_card",
     "new_id",
+    "openai_param",
     "parse",
     "usage",
     "usage_chunk",
@@ -77,19 +77,14 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-_PARAM: Final = re.compile(r"^\s*([a-z_]+)(?=[\[\.: ])")
-_REQUEST_PARAMS: Final = {
-    "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_tokens", "seed",
-    "stop", "stop_words", "presence_penalty", "frequency_penalty", "repetition_penalty", "n",
-}
-
-
-def guess_param(message: str) -> str | None:
-    """The request parameter a validation message starts with ("max_tokens must be ...")."""
-    m = _PARAM.match(message)
-    if m is None or m.group(1) not in _REQUEST_PARAMS:
+def openai_param(ensemble_name: str | None) -> str | None:
+    """The OpenAI field of a request parameter the server named (by its ensemble name)."""
+    if ensemble_name is None:
         return None
-    return "stop" if m.group(1) == "stop_words" else m.group(1)
+    try:
+        return contract.param(ensemble_name).openai or ensemble_name
+    except KeyError:
+        return ensemble_name
 
 
 def new_id(prefix: str) -> str:
@@ -104,28 +99,41 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
-    """Fields shared by both endpoints (OpenAI names; vLLM's extensions where noted)."""
+# The request parameters the gateway maps from OpenAI fields to the typed client's fields,
+# from the contract's table (prompt/messages and stream are handled by the endpoints).
+_MAPPED: Final = tuple(
+    p for p in contract.REQUEST_PARAMETERS
+    if p.openai is not None and p.client is not None and p.kind != "prompt" and p.name != "stream"
+)
+
+
+def _field_type(p: contract.RequestParam) -> Any:
+    if p.kind == "words":
+        return str | list[str] | None
+    if p.dtype is contract.DType.BOOL:
+        return bool | None
+    return (int if p.dtype.is_integer else float) | None
+
+
+_SamplingFields: Any = create_model(
+    "_SamplingFields",
+    __config__=ConfigDict(extra="ignore"),
+    **{p.openai: (_field_type(p), None) for p in _MAPPED},  # type: ignore[misc]
+)
+
+
+class _Sampling(_SamplingFields):  # type: ignore[misc]
+    """Fields shared by both endpoints: OpenAI's names (and vLLM's extensions), one per
+    row of the contract's table with an OpenAI name, plus the OpenAI-only controls."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     n: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logprobs: Any = None
-    # vLLM's extensions (its benchmark client sends ignore_eos).
-    top_k: int | None = None
-    min_tokens: int | None = None
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # vLLM's extension (its benchmark client sends it)
 
     def _refuse_unsupported(self) -> None:
         if self.n is not None and self.n != 1:
@@ -136,25 +144,20 @@ class _Sampling(BaseModel):
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
     def _sampling(self, max_tokens: int | None) -> dict[str, Any]:
-        min_tokens = self.min_tokens
+        """The typed client's request fields (the contract's mapping)."""
+        out: dict[str, Any] = {}
+        for p in _MAPPED:
+            value = getattr(self, p.openai or "")
+            if p.kind == "words":
+                value = ([value] if isinstance(value, str) else value) or None
+            out[p.client or ""] = value
+        out["max_tokens"] = max_tokens
         if self.ignore_eos:
             if max_tokens is None:
                 raise ApiError(400, "ignore_eos needs max_tokens (generate exactly that many tokens)",
                                param="ignore_eos")
-            min_tokens = max_tokens
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        return {
-            "max_tokens": max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_tokens": min_tokens,
-            "seed": self.seed,
-            "stop": stop or None,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
-        }
+            out["min_tokens"] = max_tokens
+        return out
 
     @property
     def include_usage(self) -> bool:

@@ -9,10 +9,9 @@ import time
 from typing import Final
 
 import uvicorn
-from typing_extensions import Self
-
 from tritonforge.clients._base import Protocol
 from tritonforge.gateway.app import GatewayConfig, create_app
+from typing_extensions import Self
 
 __all__ = ["GatewayHandle", "run_gateway", "run_gateway_in_thread", "uvicorn_config"]
 

@@ -163,10 +163,13 @@ def engine_env(spec: Spec) -> dict[str, str]:
 
 
 def sampling_defaults(spec: Spec) -> dict[str, Any]:
+    """The request defaults preprocessing applies: the table's, as the spec sets them."""
     d = spec.defaults
-    out = {f: getattr(d, f) for f in C.SamplingDefaults.__dataclass_fields__}
+    out = {name: getattr(d, name) for name in C.SAMPLING_DEFAULTS}
     out["stream"] = spec.streaming if d.stream is None else d.stream
+    out["stop_words"] = list(d.stop_words)
     return out
+
 
 
 def _trtllm_parameters(spec: Spec) -> list[tuple[str, str]]:
@@ -197,6 +200,13 @@ def _trtllm_parameters(spec: Spec) -> list[tuple[str, str]]:
         params["decoding_mode"] = spec.speculative.method
     params.update(t.parameters)
     return sorted(params.items())
+
+
+def _cpp_engine_inputs() -> tuple[C.Tensor, ...]:
+    """The engine contract minus the request parameters the C++ backend has no input for
+    (tritonforge's own engine models declare them all, so any ensemble can feed them)."""
+    absent = {p.engine_name for p in C.REQUEST_PARAMETERS if C.EngineKind.TRTLLM_CPP not in p.engines}
+    return tuple(t for t in C.ENGINE_INPUTS if t.name not in absent)
 
 
 def _python_model(name: str, module_key: str, spec: Spec, *, inputs: list[TensorPlan],
@@ -237,6 +247,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
     s, inst, bt = spec, spec.instances, spec.batching
     tokenizer = s.model.tokenizer if s.model.tokenizer is not None else s.model.path
     is_vllm = s.backend == "vllm"
+    kind = s.engine_kind
     engine_name = C.MODEL_VLLM_ENGINE if is_vllm else C.MODEL_TENSORRT_LLM
     adapters = lora_adapters(s)
 
@@ -249,7 +260,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
             C.Param.TOKENIZER.value: tokenizer,
             C.Param.CHAT_TEMPLATE.value: s.model.chat_template,
             C.Param.SAMPLING_DEFAULTS.value: json_text(sampling_defaults(s)),
-            C.Param.DEFAULT_STOP_WORDS.value: json_text(list(s.defaults.stop_words)),
+            C.Param.ENGINE_KIND.value: kind.value,
             C.Param.MAX_MODEL_LEN.value: str(s.model.max_model_len),
             C.Param.MAX_PROMPT_BYTES.value: str(s.limits.max_prompt_bytes),
             C.Param.LORA_ADAPTERS.value: json_text(adapters),
@@ -279,6 +290,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
                 C.Param.ENGINE_ARGS.value: json_text(engine_args(s)),
                 C.Param.LORA_ADAPTERS.value: json_text(adapters),
                 C.Param.ENGINE_ENV.value: json_text(engine_env(s)),
+                C.Param.ENGINE_KIND.value: kind.value,
             },
             description="vLLM engine (continuous batching) speaking the TensorRT-LLM "
                         "engine tensor contract.",
@@ -288,7 +300,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
     else:
         engine = ModelPlan(
             name=C.MODEL_TENSORRT_LLM, kind="tensorrtllm", max_batch_size=bt.max_batch_size,
-            inputs=_tensors(C.ENGINE_INPUTS, ragged=("input_ids",)),
+            inputs=_tensors(_cpp_engine_inputs(), ragged=("input_ids",)),
             outputs=_tensors(C.ENGINE_OUTPUTS), decoupled=s.streaming, instance_count=1,
             instance_kind="KIND_CPU", dynamic_batching=True,
             queue_delay_us=bt.max_queue_delay_microseconds, max_queue_size=bt.max_queue_size,
@@ -304,10 +316,9 @@ def plan_repository(spec: Spec) -> RepoPlan:
     def t_eng(name: str) -> str:
         return f"{engine_name}__{name}"
 
+    features = ("lora",) if s.lora.enabled else ()
     engine_in: list[tuple[str, str]] = []
-    for n in C.PREPROCESSED_ENGINE_INPUTS:
-        if n in C.CONDITIONAL_ENGINE_INPUTS and not s.lora.enabled:
-            continue
+    for n in C.engine_inputs_for(kind, features):
         if n == "streaming" and not s.streaming:
             continue  # a non-decoupled engine must never receive streaming=true
         engine_in.append((n, t_pre(C.pre_output(n))))
@@ -352,6 +363,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
             inputs=_tensors(C.ENSEMBLE_INPUTS), outputs=_tensors(C.ENSEMBLE_OUTPUTS),
             count=inst.bls, decoupled=s.streaming,
             params={C.Param.TARGET_MODEL.value: engine_name,
+                    C.Param.ENGINE_KIND.value: kind.value,
                     C.Param.MODEL.value: s.model.path,
                     C.Param.TOKENIZER.value: tokenizer,
                     C.Param.SKIP_SPECIAL_TOKENS.value: _b(s.model.skip_special_tokens)},

@@ -35,12 +35,10 @@ __all__ = ["IGNORED_PARTS", "Problem", "read_tree", "validate_files", "validate_
 IGNORED_PARTS: Final = frozenset({"__pycache__"})
 _JSON_PARAMS: Final[dict[str, type]] = {
     C.Param.SAMPLING_DEFAULTS.value: dict,
-    C.Param.DEFAULT_STOP_WORDS.value: list,
     C.Param.LORA_ADAPTERS.value: dict,
     C.Param.ENGINE_ARGS.value: dict,
     C.Param.ENGINE_ENV.value: dict,
 }
-_TYPE_NAMES: dict[int, str] = {}
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ fields to each other (backend x quantization, streaming x instances, ...) live i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from tritonforge.contract import LIMITS, SamplingDefaults
+from tritonforge.contract import LIMITS, REQUEST_PARAMETERS, DType, EngineKind
 from tritonforge.spec.names import name_problem
 
 __all__ = [
@@ -52,7 +52,6 @@ EngineModel = Literal["tritonforge", "stock"]
 ChatTemplate = Literal["messages", "always"]
 
 PACKAGED_MODEL = "package:smollm2-135m-instruct"
-_SD = SamplingDefaults()
 
 
 class _Section(BaseModel):
@@ -222,35 +221,30 @@ class Instances(_Section):
     """Dynamic-batching queue delay of the pre/post-processing models."""
 
 
-class SamplingSection(_Section):
-    """Defaults applied when a request omits a sampling input."""
+def _sampling_section() -> type[_Section]:
+    """The ``defaults`` section, derived from the request-parameter table: one field per
+    parameter with a default the spec may override, its doc line from the table."""
+    fields: dict[str, Any] = {}
+    for p in REQUEST_PARAMETERS:
+        if not p.spec_default:
+            continue
+        if p.name == "stream":
+            fields[p.name] = (bool | None, Field(
+                default=None, description="Stream by default (unset: the value of ``streaming``)."))
+        elif p.kind == "words":
+            fields[p.name] = (list[str], Field(
+                default_factory=list, description=p.doc + " Used when the request gives none."))
+        else:
+            kind: type = bool if p.dtype is DType.BOOL else int if p.dtype.is_integer else float
+            bounds = f" Allowed: {p.bounds_text}." if p.bounds_text else ""
+            fields[p.name] = (kind, Field(default=p.default, description=p.doc + bounds))
+    model: type[_Section] = create_model(  # type: ignore[call-overload]
+        "SamplingSection", __base__=_Section, __module__=__name__, **fields)
+    model.__doc__ = "Defaults applied when a request omits a sampling input."
+    return model
 
-    max_tokens: int = _SD.max_tokens
-    """Tokens to generate."""
-    temperature: float = _SD.temperature
-    """Sampling temperature; 0 is greedy."""
-    top_p: float = _SD.top_p
-    """Nucleus sampling mass, in (0, 1]."""
-    top_k: int = _SD.top_k
-    """Top-k; 0 disables."""
-    min_tokens: int = _SD.min_tokens
-    """Tokens before EOS is allowed."""
-    repetition_penalty: float = _SD.repetition_penalty
-    """Multiplicative repetition penalty; 1 disables."""
-    presence_penalty: float = _SD.presence_penalty
-    """Additive presence penalty."""
-    frequency_penalty: float = _SD.frequency_penalty
-    """Additive frequency penalty."""
-    length_penalty: float = _SD.length_penalty
-    """Beam-search length penalty."""
-    beam_width: int = _SD.beam_width
-    """Beam width; 1 disables beam search."""
-    stream: bool | None = None
-    """Stream by default (unset: the value of ``streaming``)."""
-    exclude_input_in_output: bool = _SD.exclude_input_in_output
-    """Do not echo the prompt."""
-    stop_words: list[str] = Field(default_factory=list)
-    """Words that end generation when the request gives none."""
+
+SamplingSection = _sampling_section()
 
 
 class Limits(_Section):
@@ -354,7 +348,7 @@ class Spec(_Section):
     """Enable Triton's response cache on the non-streaming path (``<name>_sync``, or the
     ensemble when streaming is off). Start tritonserver with ``--cache-config``."""
 
-    defaults: SamplingSection = Field(default_factory=SamplingSection)
+    defaults: SamplingSection = Field(default_factory=SamplingSection)  # type: ignore[valid-type]
     """Sampling defaults."""
 
     limits: Limits = Field(default_factory=Limits)
@@ -365,3 +359,8 @@ class Spec(_Section):
 
     tensorrtllm: TensorRTLLMSection = Field(default_factory=TensorRTLLMSection)
     """TensorRT-LLM options."""
+
+    @property
+    def engine_kind(self) -> EngineKind:
+        """Which engine serves the engine step."""
+        return EngineKind.VLLM if self.backend == "vllm" else EngineKind.TRTLLM_CPP

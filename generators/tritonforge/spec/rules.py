@@ -13,13 +13,13 @@ from typing import Any, Final
 from pydantic import BaseModel
 
 from tritonforge.contract import (
-    LIMITS,
     MODEL_BLS,
     MODEL_POSTPROCESSING,
     MODEL_PREPROCESSING,
     MODEL_TENSORRT_LLM,
     MODEL_VLLM_ENGINE,
-    check_sampling,
+    ParameterError,
+    check_request_values,
 )
 from tritonforge.render.trtllm_params import TRTLLM_PARAMETERS
 from tritonforge.spec.model import PACKAGED_MODEL, Spec
@@ -261,11 +261,11 @@ def check_spec(spec: Spec) -> list[str]:
                  f"{spec.model.path!r}. Fix: use it or give a folder path")
 
     d = spec.defaults
-    values = d.model_dump(exclude={"stream", "exclude_input_in_output"})
+    values = {k: v for k, v in d.model_dump().items() if v is not None}
     try:
-        check_sampling(values, LIMITS)
-    except ValueError as exc:
-        p.append(f"defaults.{exc}. Fix: change defaults")
+        check_request_values(values, engine=spec.engine_kind)
+    except ParameterError as exc:
+        p.append(f"defaults.{exc}. Fix: change defaults.{exc.param}")
     if d.max_tokens >= spec.model.max_model_len:
         p.append(f"defaults.max_tokens: must be below model.max_model_len "
                  f"({spec.model.max_model_len}); got {d.max_tokens}. Fix: lower it")
@@ -275,9 +275,6 @@ def check_spec(spec: Spec) -> list[str]:
     if b == "tensorrtllm" and d.beam_width > spec.tensorrtllm.max_beam_width:
         p.append(f"defaults.beam_width: must be <= tensorrtllm.max_beam_width "
                  f"({spec.tensorrtllm.max_beam_width}); got {d.beam_width}. Fix: lower it")
-    if b == "vllm" and d.beam_width != 1:
-        p.append(f"defaults.beam_width: the vLLM engine does not beam-search; allowed: 1; got "
-                 f"{d.beam_width}. Fix: set 1")
 
     bt = spec.batching
     if (b == "vllm" and bt.max_num_batched_tokens is not None and not bt.chunked_prefill

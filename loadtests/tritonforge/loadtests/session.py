@@ -79,7 +79,7 @@ def _discover_model(s: Settings) -> str:
 
     try:
         with Client(s.grpc_url, protocol="grpc", timeout=10, connect_retries=0) as client:
-            return client._resolve_model()  # discovery needs TRITONFORGE_ADMIN_KEY
+            return client.resolve_model()  # discovery needs TRITONFORGE_ADMIN_KEY
     except TritonForgeError as exc:
         raise SettingsError(f"no model given and discovery at {s.grpc_url} failed ({exc});"
                             " pass --model NAME or set TRITONFORGE_MODEL") from None

@@ -36,6 +36,7 @@ from locust import User, constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import LocustError, StopUser
 from tritonforge.clients import Client, Request, TritonForgeError, _wire
+from tritonforge.clients._http import error_text, status_error
 from tritonforge.loadtests.datasets import Prompt, PromptPool, cached_prompts
 from tritonforge.loadtests.options import Settings
 from tritonforge.loadtests.records import Record
@@ -262,15 +263,12 @@ def _abort(response: Any) -> None:
 
 
 def _http_error(response: Any) -> str:
+    """The failure of a refused HTTP reply, classified by the clients' one error parser."""
     err = getattr(response, "error", None)
-    if err is not None:
+    if err is not None and not getattr(response, "status_code", 0):
         return _describe(err)
-    code = response.status_code
-    try:
-        msg = str(json.loads(response.content or b"{}").get("error", ""))
-    except (ValueError, AttributeError):
-        msg = ""
-    return f"HTTP {code}: {msg or (response.content or b'')[:200]!r}"
+    body = (response.content or b"").decode("utf-8", errors="replace")
+    return _describe(status_error(response.status_code, error_text(body)))
 
 
 class HttpStreamUser(FastHttpUser, TritonForgeUser):

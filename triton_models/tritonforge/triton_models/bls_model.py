@@ -21,22 +21,25 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
-from tritonforge.triton_models import triton_io
-from tritonforge.triton_models.detokenize import make_decoder
-from tritonforge.triton_models.postprocess import Postprocessor
-from tritonforge.triton_models.preprocess import load_tokenizer
 from tritonforge.contract import (
     ENGINE_EXTRA_OUTPUTS,
     ENSEMBLE_INPUTS,
     MODEL_PREPROCESSING,
-    MODEL_VLLM_ENGINE,
-    PREPROCESSED_ENGINE_INPUTS,
     PREPROCESSING_OUTPUTS,
+    EngineKind,
+    ErrorKind,
     FinishReason,
     Param,
+    ParameterError,
+    check_request_parameters,
+    engine_inputs_for,
     pre_output,
 )
+from tritonforge.triton_models import triton_io
+from tritonforge.triton_models.detokenize import make_decoder
+from tritonforge.triton_models.errors import RequestError
+from tritonforge.triton_models.postprocess import Postprocessor
+from tritonforge.triton_models.preprocess import load_tokenizer
 
 __all__ = ["TritonPythonModel"]
 
@@ -58,6 +61,8 @@ class TritonPythonModel:
         triton_io.fix_locale()
         config, params = triton_io.model_params(args)
         self.engine = params[Param.TARGET_MODEL.value]
+        kind = EngineKind(params.get(Param.ENGINE_KIND.value) or EngineKind.VLLM.value)
+        self.engine_inputs = engine_inputs_for(kind, ("lora",))  # lora_task_id only when set
         ref = params.get(Param.TOKENIZER.value) or params.get(Param.MODEL.value)
         if not ref:
             raise ValueError(f"{args['model_name']}: parameter {Param.MODEL.value} is required")
@@ -67,7 +72,7 @@ class TritonPythonModel:
         self.post = Postprocessor(make_decoder(tokenizer, skip), None if eos is None else int(eos))
         self._post_lock = threading.Lock()
         self.engine_outputs = ["output_ids", "sequence_length"]
-        if self.engine == MODEL_VLLM_ENGINE:
+        if kind is not EngineKind.TRTLLM_CPP:  # tritonforge's engine model adds these
             self.engine_outputs += [t.name for t in ENGINE_EXTRA_OUTPUTS]
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="tritonforge-bls")
@@ -94,18 +99,8 @@ class TritonPythonModel:
                     self.pool.submit(self._send_stop, live.request_id)
 
     def _send_stop(self, request_id: str) -> None:
-        inputs = [
-            pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)),
-            pb_utils.Tensor("input_lengths", np.ones((1, 1), dtype=np.int32)),
-            pb_utils.Tensor("request_output_len", np.ones((1, 1), dtype=np.int32)),
-            pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
-        ]
-        stop = pb_utils.InferenceRequest(
-            model_name=self.engine, request_id=request_id, inputs=inputs,
-            requested_output_names=["output_ids"],
-        )
         try:
-            for _ in stop.exec(decoupled=True):
+            for _ in triton_io.stop_request(self.engine, request_id).exec(decoupled=True):
                 pass
         except Exception:
             pass
@@ -128,7 +123,10 @@ class TritonPythonModel:
             elif arrays is not None:
                 parts.append(arrays)
 
-        self._run(request, send, streaming=False)
+        try:
+            self._run(request, send, streaming=False)
+        except Exception as exc:
+            return triton_io.exception_response(exc, f"{self.engine} BLS")
         if error:
             return error[0]
         from tritonforge.triton_models.sync_model import merge_responses
@@ -151,13 +149,18 @@ class TritonPythonModel:
         try:
             self._run(request, send, streaming=True)
         except Exception as exc:
-            send(None, triton_io.error_response(f"{self.engine} BLS failed: {exc}", invalid=False))
+            send(None, triton_io.exception_response(exc, f"{self.engine} BLS"))
             return
         if pending:
             sender.send(pending.pop(), flags=_FINAL)
 
     def _run(self, request: Any, send: Any, *, streaming: bool) -> None:
         request_id = request.request_id() or uuid.uuid4().hex
+        # BLS requests carry no parameters on to preprocessing: check them here.
+        try:
+            check_request_parameters(triton_io.request_parameters(request))
+        except ParameterError as exc:
+            raise RequestError(str(exc), param=exc.param) from None
         inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, i.name) for i in ENSEMBLE_INPUTS)
                   if t is not None]
         if not streaming:
@@ -172,7 +175,7 @@ class TritonPythonModel:
             return
         produced = {t.name(): t for t in pre.output_tensors()}
         engine_inputs = []
-        for name in PREPROCESSED_ENGINE_INPUTS:
+        for name in self.engine_inputs:
             tensor = produced.get(pre_output(name))
             if tensor is None:
                 continue
@@ -212,8 +215,7 @@ class TritonPythonModel:
                 if result.finish_reason:
                     sent_final = True
             if live.cancelled.is_set() and not sent_final:
-                send(None, pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    "request cancelled", pb_utils.TritonError.CANCELLED)))
+                send(None, triton_io.error_response(ErrorKind.CANCELLED, "request cancelled"))
             elif not sent_final:
                 send({**self.post.process({"output_ids": np.zeros((1, 1, 0), dtype=np.int32),
                                            "sequence_length": np.zeros((1, 1), dtype=np.int32),

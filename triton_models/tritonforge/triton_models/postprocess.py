@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from tritonforge.triton_models.detokenize import Decoder, IncrementalDetokenizer
 from tritonforge.contract import FinishReason
+from tritonforge.triton_models.detokenize import Decoder, IncrementalDetokenizer
 
 __all__ = ["PostResult", "Postprocessor"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tritonforge.contract import POSTPROCESSING_INPUTS, Param
 from tritonforge.triton_models import triton_io
 from tritonforge.triton_models.detokenize import make_decoder
 from tritonforge.triton_models.postprocess import Postprocessor
 from tritonforge.triton_models.preprocess import load_tokenizer
-from tritonforge.contract import POSTPROCESSING_INPUTS, Param
 
 __all__ = ["TritonPythonModel"]
 
@@ -33,5 +33,5 @@ class TritonPythonModel:
                 result = self.post.process(inputs, request.request_id())
                 responses.append(triton_io.make_response(result.arrays()))
             except Exception as exc:
-                responses.append(triton_io.error_response(f"postprocessing failed: {exc}", invalid=False))
+                responses.append(triton_io.exception_response(exc, "postprocessing"))
         return responses

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tritonforge.triton_models import triton_io
-from tritonforge.triton_models.errors import RequestError
-from tritonforge.triton_models.preprocess import Preprocessor
 from tritonforge.contract import PREPROCESSING_INPUTS
+from tritonforge.triton_models import triton_io
+from tritonforge.triton_models.preprocess import Preprocessor
 
 __all__ = ["TritonPythonModel"]
 
@@ -23,9 +22,8 @@ class TritonPythonModel:
         for request in requests:
             try:
                 inputs = triton_io.read_inputs(request, PREPROCESSING_INPUTS)
-                responses.append(triton_io.make_response(self.pre.process(inputs)))
-            except RequestError as exc:
-                responses.append(triton_io.error_response(str(exc)))
+                outputs = self.pre.process(inputs, triton_io.request_parameters(request))
+                responses.append(triton_io.make_response(outputs))
             except Exception as exc:  # never take the model down for one request
-                responses.append(triton_io.error_response(f"preprocessing failed: {exc}", invalid=False))
+                responses.append(triton_io.exception_response(exc, "preprocessing"))
         return responses

@@ -12,9 +12,15 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
+from tritonforge.contract import (
+    ENSEMBLE_INPUTS,
+    ENSEMBLE_OUTPUTS,
+    Param,
+    ParameterError,
+    check_request_parameters,
+)
 from tritonforge.triton_models import triton_io
-from tritonforge.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, Param
+from tritonforge.triton_models.errors import RequestError
 
 __all__ = ["TritonPythonModel", "merge_responses"]
 
@@ -44,6 +50,11 @@ class TritonPythonModel:
         self.target = params[Param.TARGET_MODEL.value]
 
     def _forward(self, request: Any) -> Any:
+        # BLS requests carry no parameters on to the ensemble: check them here.
+        try:
+            check_request_parameters(triton_io.request_parameters(request))
+        except ParameterError as exc:
+            raise RequestError(str(exc), param=exc.param) from None
         inputs = []
         batch = 1
         for t in ENSEMBLE_INPUTS:
@@ -74,5 +85,5 @@ class TritonPythonModel:
             try:
                 out.append(self._forward(request))
             except Exception as exc:
-                out.append(triton_io.error_response(f"{self.target} failed: {exc}", invalid=False))
+                out.append(triton_io.exception_response(exc, self.target))
         return out

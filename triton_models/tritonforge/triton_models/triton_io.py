@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import json
 import locale
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
-from tritonforge.contract import Tensor
+from tritonforge.contract import STOP_REQUEST, ErrorKind, Tensor, format_error, parse_error
+from tritonforge.triton_models.errors import ModelError
 
 __all__ = [
     "error_response",
+    "exception_response",
     "fix_locale",
     "forwarded_error",
     "make_response",
     "model_params",
     "read_inputs",
+    "request_parameters",
+    "stop_request",
+    "triton_error",
 ]
 
 
@@ -51,32 +54,53 @@ def make_response(arrays: dict[str, np.ndarray]) -> Any:
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
 
-def error_response(message: str, *, invalid: bool = True, cancelled: bool = False) -> Any:
-    if cancelled:
-        code = pb_utils.TritonError.CANCELLED
-    elif invalid:
-        code = pb_utils.TritonError.INVALID_ARG
-    else:
-        code = pb_utils.TritonError.INTERNAL
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+def triton_error(kind: ErrorKind, message: str, param: str | None = None) -> Any:
+    """A ``TritonError`` of ``kind``'s code whose message carries the machine-readable tag."""
+    return pb_utils.TritonError(format_error(kind, message, param), getattr(pb_utils.TritonError, kind.triton_code))
 
 
-# How tritonforge's models word an internal failure ("<step> failed: <reason>"); any other
-# message from a step is a refused request. The clients read in-stream errors the same way.
-_INTERNAL_MESSAGE = re.compile(r"\bfailed: |internal error|engine error", re.IGNORECASE)
+def error_response(kind: ErrorKind, message: str, param: str | None = None) -> Any:
+    """The response for a failed request (see ``contract.format_error``)."""
+    return pb_utils.InferenceResponse(error=triton_error(kind, message, param))
+
+
+def exception_response(exc: BaseException, step: str) -> Any:
+    """The response for an exception a model's logic raised: a ``ModelError`` keeps its
+    kind and parameter; anything else is an internal failure of ``step``."""
+    if isinstance(exc, ModelError):
+        return error_response(exc.kind, str(exc), exc.param)
+    return error_response(ErrorKind.INTERNAL, f"{step} failed: {exc}")
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    """The request's parameters (Triton's own and any unknown JSON keys of ``generate``)."""
+    raw = request.parameters()
+    try:
+        value = json.loads(raw) if raw else {}
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def forwarded_error(error: Any) -> Any:
-    """The response for an error a BLS call returned, keeping it a client error.
+    """The response for an error a BLS call returned, keeping its kind.
 
-    The Python backend hands BLS errors back as INTERNAL whatever their code was, so a
-    request the ensemble refused (INVALID_ARG) would reach a ``ModelInfer`` client as an
-    internal error (gRPC INTERNAL / HTTP 500). The code is kept when it survived; otherwise
-    it is recovered from the message's wording.
+    The Python backend hands BLS errors back as INTERNAL whatever their code was; the kind
+    travels in the message's tag (``contract.parse_error``), so the code is restored from
+    it. An untagged error (Triton's own) is passed on as it came.
     """
     message = str(error.message()) if hasattr(error, "message") else str(error)
-    code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
-    if code == pb_utils.TritonError.INTERNAL and not _INTERNAL_MESSAGE.search(message):
-        cancelled = "request cancelled" in message
-        code = pb_utils.TritonError.CANCELLED if cancelled else pb_utils.TritonError.INVALID_ARG
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+    info = parse_error(message)
+    if info is None:
+        code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, info.kind.triton_code)))
+
+
+def stop_request(model: str, request_id: str) -> Any:
+    """The BLS request that cancels ``request_id`` on the engine model ``model``
+    (``contract.STOP_REQUEST``)."""
+    inputs = [pb_utils.Tensor(name, np.full((1, 1), value, dtype=dtype.numpy))
+              for name, dtype, value in STOP_REQUEST]
+    return pb_utils.InferenceRequest(model_name=model, request_id=request_id, inputs=inputs,
+                                     requested_output_names=["output_ids"])

@@ -1,0 +1,106 @@
+"""The contract: the request-parameter table and what is derived from it, the error tags."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from tritonforge import contract as C
+from tritonforge.clients import Request
+from tritonforge.clients._models import REQUEST_TENSORS, RequestOverrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_docs_table_is_in_sync() -> None:
+    text = (ROOT / "docs" / "requests.md").read_text()
+    assert C.REQUESTS_BEGIN in text and C.REQUESTS_END in text
+    assert C.replace_requests_markdown(text) == text, (
+        "docs/requests.md is stale: python -m tritonforge.contract --write docs/requests.md")
+
+
+def test_every_row_derives_its_tensors() -> None:
+    ensemble = C.by_name(C.ENSEMBLE_INPUTS)
+    engine = C.by_name(C.ENGINE_INPUTS)
+    assert [t.name for t in C.ENSEMBLE_INPUTS] == [p.name for p in C.REQUEST_PARAMETERS]
+    for p in C.REQUEST_PARAMETERS:
+        assert ensemble[p.name].dtype is p.dtype and ensemble[p.name].optional
+        if p.engine_name is not None:
+            assert p.engine_name in engine
+            assert C.pre_output(p.engine_name) in {t.name for t in C.PREPROCESSING_OUTPUTS}
+    # every engine input is fed by a row, or is the engine's own
+    own = {"input_ids", "input_lengths", "return_log_probs", "stop", "embedding_bias"}
+    assert set(engine) - own == {p.engine_name for p in C.REQUEST_PARAMETERS if p.engine_name}
+
+
+def test_client_request_fields_are_the_tables() -> None:
+    fields = {f.name for f in dataclasses.fields(Request)} - {"request_id", "timeout"}
+    assert fields == set(REQUEST_TENSORS) == {p.client for p in C.REQUEST_PARAMETERS if p.client}
+    assert set(RequestOverrides.__annotations__) - {"request_id", "timeout"} == fields
+
+
+@pytest.mark.parametrize(("values", "param", "fragment"), [
+    ({"top_p": 0.0}, "top_p", "top_p must be a number in (0, 1]"),
+    ({"top_p": 1.0}, None, None),
+    ({"min_p": 1.01}, "min_p", "min_p must be a number in [0, 1]"),
+    ({"top_k": 3.5}, "top_k", "must be an integer"),
+    ({"max_tokens": True}, "max_tokens", "must be an integer"),
+    ({"temperature": float("nan")}, "temperature", "finite"),
+    ({"seed": 2**64}, "seed", "seed must be"),
+    ({"seed": 2**64 - 1}, None, None),
+    ({"stream": 1}, "stream", "true or false"),
+    ({"stop_words": ["a", ""]}, "stop_words", "empty word"),
+    ({"max_tokens": 4, "min_tokens": 5}, "min_tokens", "<= max_tokens"),
+    ({"temprature": 0.3}, "temprature", "did you mean temperature"),
+])
+def test_check_request_values(values: dict, param: str | None, fragment: str | None) -> None:  # type: ignore[type-arg]
+    if param is None:
+        C.check_request_values(values)
+        return
+    with pytest.raises(C.ParameterError, match=re.escape(fragment or "")) as info:
+        C.check_request_values(values)
+    assert info.value.param == param
+
+
+def test_engine_capabilities_refuse_rather_than_drop() -> None:
+    C.check_request_values({"min_p": 0.2}, engine=C.EngineKind.VLLM)
+    with pytest.raises(C.ParameterError, match="min_p is not supported"):
+        C.check_request_values({"min_p": 0.2}, engine=C.EngineKind.TRTLLM_CPP)
+    C.check_request_values({"min_p": 0.0, "beam_width": 1}, engine=C.EngineKind.TRTLLM_CPP)
+    with pytest.raises(C.ParameterError, match="beam_width"):
+        C.check_request_values({"beam_width": 2}, engine=C.EngineKind.VLLM)
+    assert "min_p" not in C.engine_inputs_for(C.EngineKind.TRTLLM_CPP)
+    assert "lora_task_id" not in C.engine_inputs_for(C.EngineKind.VLLM)
+    assert "lora_task_id" in C.engine_inputs_for(C.EngineKind.VLLM, ("lora",))
+
+
+def test_unknown_request_parameters() -> None:
+    C.check_request_parameters({"id": "1", "triton_enable_empty_final_response": True, "priority": 2})
+    with pytest.raises(C.ParameterError, match="did you mean top_p") as info:
+        C.check_request_parameters({"top_pp": 0.5})
+    assert info.value.param == "top_pp"
+
+
+@pytest.mark.parametrize("kind", list(C.ErrorKind))
+def test_error_tags_round_trip(kind: C.ErrorKind) -> None:
+    text = "in ensemble 'm', " + C.format_error(kind, "top_p must be in (0, 1]; got 2", "top_p")
+    info = C.parse_error(text)
+    assert info == C.ErrorInfo(kind, "top_p must be in (0, 1]; got 2", "top_p")
+    assert C.parse_error(C.format_error(kind, "x")) == C.ErrorInfo(kind, "x", None)
+    assert kind.triton_code in {"INVALID_ARG", "UNAVAILABLE", "CANCELLED", "INTERNAL"}
+
+
+def test_untagged_errors_are_not_guessed() -> None:
+    assert C.parse_error("engine error: invalid request id") is None
+    assert C.parse_error("[tritonforge:no_such_kind] x") is None
+
+
+def test_stop_request_is_the_engines_required_inputs_and_stop() -> None:
+    names = [n for n, _, _ in C.STOP_REQUEST]
+    engine = C.by_name(C.ENGINE_INPUTS)
+    assert "stop" in names
+    assert {t.name for t in C.ENGINE_INPUTS if not t.optional} <= set(names)
+    for name, dtype, _ in C.STOP_REQUEST:
+        assert engine[name].dtype is dtype

@@ -1,0 +1,336 @@
+"""The engine skeleton: one request lifecycle for every engine, one adapter per engine.
+
+The Triton model (``engine_model``) hands each request to :class:`EngineRunner`, which runs
+an engine adapter (:mod:`.vllm` for vLLM's ``AsyncLLM``; a TensorRT-LLM LLM-API adapter
+speaks the same :class:`EngineAdapter` protocol) on an asyncio loop in a background thread.
+The engine schedules continuously (in-flight batching); each request is one coroutine that
+turns the adapter's token deltas into engine-contract responses:
+
+* ``output_ids`` ``[1, beam=1, n]`` -- only the new tokens when streaming, all otherwise;
+  the ``end_id`` token is not included (as with the C++ backend);
+* ``sequence_length`` ``[1, 1]`` -- n;
+* ``finish_reason`` (tritonforge extension) -- "" until the last response.
+
+What the skeleton does for every engine: stop words matched on token ids with hold-back (a
+stop word is never returned, even partly); streamed chunks cut on character boundaries;
+cancellation (a watchdog polls each live request's ``is_cancelled()``; the contract's
+``stop`` input cancels by request id, also when it arrives before its request); metrics.
+
+The runner is also usable in-process without Triton (benchmarks compare the two).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from tritonforge.contract import ErrorKind, FinishReason
+from tritonforge.triton_models.engine.request import EngineRequest, StopMatcher, engine_outputs
+from tritonforge.triton_models.errors import ModelError
+
+__all__ = ["Delta", "EngineAdapter", "EngineRunner", "Responder"]
+
+log = logging.getLogger("tritonforge.engine")
+# A stop that arrives before its request is kept this long (and at most this many).
+EARLY_STOP_SECONDS = 60.0
+EARLY_STOP_MAX = 4096
+
+
+@dataclass
+class Delta:
+    """What an engine produced for one request since its last delta."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # the log-probability of each token, when asked for
+    finish: str | None = None  # None while running; "stop", "length" or "abort" at the end
+
+
+class EngineAdapter(Protocol):
+    """What the skeleton needs of an engine (vLLM's AsyncLLM, TensorRT-LLM's LLM API)."""
+
+    async def start(self) -> None: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    @property
+    def kv_capacity_tokens(self) -> int: ...
+
+    def generate(self, req: EngineRequest, request_id: str) -> AsyncIterator[Delta]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class Responder(Protocol):
+    """How the runner answers one request (the Triton adapter implements it)."""
+
+    def send(self, outputs: dict[str, np.ndarray], final: bool) -> None: ...
+
+    def send_error(self, kind: ErrorKind, message: str, param: str | None = None) -> None: ...
+
+    def is_cancelled(self) -> bool: ...
+
+
+class _Metrics(Protocol):
+    def observe_ttft(self, seconds: float) -> None: ...
+    def observe_time_per_output_token(self, seconds: float) -> None: ...
+    def observe_e2e(self, seconds: float) -> None: ...
+    def add_prompt_tokens(self, n: int) -> None: ...
+    def add_generation_tokens(self, n: int) -> None: ...
+    def set_running(self, n: int) -> None: ...
+    def set_waiting(self, n: int) -> None: ...
+    def set_kv_cache_usage(self, fraction: float) -> None: ...
+    def add_request_finished(self, finish_reason: str) -> None: ...
+
+
+@dataclass
+class _Live:
+    engine_id: str
+    responder: Responder
+    tokens: int
+    started: bool = False
+    cancelled: bool = False
+    task: asyncio.Task[None] | None = None
+    client_id: str = ""
+
+
+class EngineRunner:
+    """An engine adapter on a background asyncio loop, speaking the engine contract."""
+
+    def __init__(
+        self,
+        adapter: EngineAdapter,
+        *,
+        metrics: _Metrics | None = None,
+        cancel_poll_seconds: float = 0.05,
+    ) -> None:
+        self.adapter = adapter
+        self.metrics = metrics
+        self.cancel_poll_seconds = cancel_poll_seconds
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="tritonforge-engine", daemon=True)
+        self._ids = itertools.count()
+        self._live: dict[int, _Live] = {}
+        # Stops that named no live request: its request may still be on its way (queued in
+        # Triton, or in preprocessing), so it is cancelled on arrival. Bounded in age and count.
+        self._early_stops: OrderedDict[str, float] = OrderedDict()
+        self._started = False
+        self._watchdog: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._create(), self.loop).result()
+
+    async def _create(self) -> None:
+        await self.adapter.start()
+        self._started = True
+        self._watchdog = asyncio.create_task(self._watch_cancellations())
+
+    def shutdown(self) -> None:
+        if self._started:
+            async def _close() -> None:
+                if self._watchdog is not None:
+                    self._watchdog.cancel()
+                for live in list(self._live.values()):
+                    await self._abort(live.engine_id)
+
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(_close(), self.loop).result(10)
+            try:
+                self.adapter.shutdown()
+            except Exception:
+                log.exception("engine shutdown failed")
+            self._started = False
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    # -- requests ------------------------------------------------------------------------
+    def submit(
+        self, request: EngineRequest, responder: Responder, client_id: str = ""
+    ) -> concurrent.futures.Future[None]:
+        """Serve one request; ``client_id`` is Triton's request id (what ``stop`` names)."""
+        return asyncio.run_coroutine_threadsafe(self._serve(request, responder, client_id), self.loop)
+
+    def stop(self, client_id: str) -> concurrent.futures.Future[int]:
+        """Cancel the live requests with this Triton request id (the engine contract's
+        ``stop`` input, as the TensorRT-LLM backend does); resolves to how many there were."""
+        return asyncio.run_coroutine_threadsafe(self._stop(client_id), self.loop)
+
+    async def _abort(self, engine_id: str) -> None:
+        try:
+            await self.adapter.abort(engine_id)
+        except Exception:
+            log.exception("engine abort of %s failed", engine_id)
+
+    def _cancel(self, live: _Live) -> bool:
+        if live.cancelled:
+            return False
+        live.cancelled = True
+        if live.task is not None:
+            live.task.cancel()  # wake the request's coroutine wherever it waits
+        return True
+
+    async def _stop(self, client_id: str) -> int:
+        hits = [lv for lv in self._live.values() if client_id and lv.client_id == client_id]
+        if client_id and not hits:
+            self._early_stops[client_id] = time.monotonic()
+            self._early_stops.move_to_end(client_id)
+            while len(self._early_stops) > EARLY_STOP_MAX:
+                self._early_stops.popitem(last=False)
+        for live in hits:
+            if self._cancel(live):
+                await self._abort(live.engine_id)
+        return len(hits)
+
+    def _stopped_before_arrival(self, client_id: str) -> bool:
+        """Whether a stop for ``client_id`` came before its request (consumes the stop)."""
+        now = time.monotonic()
+        while self._early_stops and now - next(iter(self._early_stops.values())) > EARLY_STOP_SECONDS:
+            self._early_stops.popitem(last=False)
+        return bool(client_id) and self._early_stops.pop(client_id, None) is not None
+
+    def _complete_text(self, ids: list[int]) -> bool:
+        """True when ``ids`` end on a character boundary: streamed chunks never split a
+        multi-byte character, so even a stateless detokenizer decodes each chunk exactly."""
+        try:
+            return not self.adapter.decode(ids).endswith("\ufffd")
+        except Exception:
+            return True
+
+    def _update_gauges(self) -> None:
+        if self.metrics is None:
+            return
+        running = sum(1 for lv in self._live.values() if lv.started)
+        self.metrics.set_running(running)
+        self.metrics.set_waiting(len(self._live) - running)
+        capacity = self.adapter.kv_capacity_tokens
+        if capacity:
+            used = sum(lv.tokens for lv in self._live.values())
+            self.metrics.set_kv_cache_usage(min(1.0, used / capacity))
+
+    async def _watch_cancellations(self) -> None:
+        while True:
+            await asyncio.sleep(self.cancel_poll_seconds)
+            for live in list(self._live.values()):
+                if live.cancelled:
+                    continue
+                try:
+                    cancelled = live.responder.is_cancelled()
+                except Exception:  # the request is gone on the server side
+                    cancelled = True
+                if cancelled and self._cancel(live):
+                    await self._abort(live.engine_id)
+
+    async def _serve(self, req: EngineRequest, responder: Responder, client_id: str = "") -> None:
+        key = next(self._ids)
+        engine_id = f"tf-{os.getpid()}-{key}"
+        live = _Live(engine_id, responder, len(req.input_ids), task=asyncio.current_task(),
+                     client_id=client_id)
+        self._live[key] = live
+        self._update_gauges()
+        arrived = time.monotonic()
+        first_at: float | None = None
+        generated = 0
+        finish = ""
+        stopper = StopMatcher(req.stop_words)
+        n_in = len(req.input_ids)
+        eos = self.adapter.eos_token_id
+        pending: list[int] = list(req.input_ids) if not req.exclude_input_in_output else []
+        pending_lp: list[float] = [0.0] * len(pending)
+        try:
+            if self._stopped_before_arrival(client_id):
+                live.cancelled = True
+                raise asyncio.CancelledError  # answered as cancelled below; never reaches the engine
+            async for delta in self.adapter.generate(req, engine_id):
+                if live.cancelled:
+                    break
+                new = list(delta.token_ids)
+                lps = list(delta.logprobs or ())
+                if new and first_at is None:
+                    first_at = time.monotonic()
+                    live.started = True
+                    if self.metrics:
+                        self.metrics.observe_ttft(first_at - arrived)
+                        self.metrics.add_prompt_tokens(len(req.input_ids))
+                generated += len(new)
+                live.tokens += len(new)
+                if delta.finish is not None and new and req.end_id is not None and new[-1] == req.end_id:
+                    new = new[:-1]  # the C++ backend does not return end_id either
+                elif delta.finish == "stop" and new and new[-1] == eos:
+                    new = new[:-1]
+                emit, stopped = stopper.feed(new)
+                pending.extend(emit)
+                if req.return_log_probs:
+                    pending_lp.extend(lps[: len(emit)])
+                if stopped:
+                    finish = FinishReason.STOP.value
+                    await self._abort(engine_id)
+                    break
+                if delta.finish is not None:
+                    pending.extend(stopper.flush())
+                    finish = {"length": FinishReason.LENGTH.value,
+                              "abort": FinishReason.CANCELLED.value}.get(delta.finish, FinishReason.STOP.value)
+                    break
+                if req.streaming and pending and self._complete_text(pending):
+                    responder.send(engine_outputs(pending, "", n_in, pending_lp if req.return_log_probs else None),
+                                   final=False)
+                    pending, pending_lp = [], []
+                self._update_gauges()
+            if live.cancelled:
+                await self._abort(engine_id)
+                finish = FinishReason.CANCELLED.value
+                responder.send_error(ErrorKind.CANCELLED, "request cancelled")
+            else:
+                if not finish:
+                    finish = FinishReason.LENGTH.value if generated >= req.max_tokens else FinishReason.STOP.value
+                responder.send(engine_outputs(pending, finish, n_in, pending_lp if req.return_log_probs else None),
+                               final=True)
+        except ModelError as exc:
+            finish = "error"
+            responder.send_error(exc.kind, str(exc), exc.param)
+        except asyncio.CancelledError:
+            await self._abort(engine_id)
+            finish = FinishReason.CANCELLED.value
+            with contextlib.suppress(Exception):
+                responder.send_error(ErrorKind.CANCELLED, "request cancelled")
+            if not live.cancelled:  # the runner is shutting down, not a client cancel
+                raise
+        except Exception as exc:  # engine failure: answer, keep serving
+            log.exception("engine request failed")
+            finish = "error"
+            await self._abort(engine_id)
+            with contextlib.suppress(Exception):
+                responder.send_error(ErrorKind.ENGINE_FAILURE, f"engine error: {exc}")
+        finally:
+            self._live.pop(key, None)
+            done = time.monotonic()
+            if self.metrics:
+                self.metrics.add_request_finished(finish or "error")
+                if first_at is not None:
+                    self.metrics.observe_e2e(done - arrived)
+                    self.metrics.add_generation_tokens(generated)
+                    if generated > 1:
+                        self.metrics.observe_time_per_output_token((done - first_at) / (generated - 1))
+            self._update_gauges()

@@ -1,0 +1,144 @@
+"""The vLLM adapter of the engine skeleton: vLLM's ``AsyncLLM`` (v1 engine).
+
+``VLLM_SAMPLING`` is this engine's mapping line per sampling parameter: each engine input of
+the request-parameter table that the skeleton passes on maps to a ``SamplingParams`` field
+(or is listed with ``None`` where vLLM has nothing to set, with the reason). It is checked
+against the table at import, so a new table row without its mapping line fails loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Final
+
+from tritonforge.triton_models.engine.request import SAMPLING_INPUTS, EngineRequest
+from tritonforge.triton_models.engine.runner import Delta
+from tritonforge.triton_models.errors import RequestError
+
+__all__ = ["VLLM_SAMPLING", "VllmAdapter"]
+
+# engine input -> vLLM SamplingParams field; None: accepted, deliberately not passed.
+VLLM_SAMPLING: Final[dict[str, str | None]] = {
+    "runtime_top_k": "top_k",
+    "runtime_top_p": "top_p",
+    "min_p": "min_p",
+    "temperature": "temperature",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "min_tokens": "min_tokens",
+    "seed": "seed",
+    "pad_id": None,  # no padding: one unpadded sequence per request
+    "len_penalty": None,  # beam search only: preprocessing refuses other values for vLLM
+    "beam_width": None,  # vLLM's engine does not beam-search: preprocessing allows only 1
+}
+if set(VLLM_SAMPLING) != SAMPLING_INPUTS:  # pragma: no cover - fails at import on drift
+    raise ImportError(
+        "tritonforge's vLLM adapter has no mapping line for "
+        f"{sorted(SAMPLING_INPUTS - set(VLLM_SAMPLING))} (or a stale one for "
+        f"{sorted(set(VLLM_SAMPLING) - SAMPLING_INPUTS)}): add it to VLLM_SAMPLING"
+    )
+
+
+class VllmAdapter:
+    """vLLM's AsyncLLM behind the engine skeleton."""
+
+    def __init__(
+        self,
+        model_path: str,
+        engine_args: Mapping[str, Any],
+        *,
+        lora_adapters: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.model_path = model_path
+        self.engine_args = dict(engine_args)
+        self.lora = {int(v["id"]): (name, str(v["path"])) for name, v in (lora_adapters or {}).items()}
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self._kv_capacity = 0
+
+    async def start(self) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        known = set(AsyncEngineArgs.__dataclass_fields__)
+        unknown = sorted(set(self.engine_args) - known)
+        if unknown:
+            raise ValueError(f"unknown vLLM engine arguments: {', '.join(unknown)}")
+        args = AsyncEngineArgs(model=self.model_path, **self.engine_args)
+        self.engine = AsyncLLM.from_engine_args(args)
+        self.tokenizer = self.engine.get_tokenizer()
+        with contextlib.suppress(Exception):
+            cc = self.engine.vllm_config.cache_config
+            self._kv_capacity = int(cc.num_gpu_blocks or 0) * int(cc.block_size or 0)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return None if eos is None else int(eos)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids))
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self._kv_capacity
+
+    def sampling_params(self, req: EngineRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        stop_ids: list[int] = []
+        if req.end_id is not None and req.end_id != self.eos_token_id:
+            stop_ids.append(req.end_id)
+        bad = [self.tokenizer.decode(w) for w in req.bad_words] if req.bad_words else None
+        mapped = {field: req.sampling[name] for name, field in VLLM_SAMPLING.items()
+                  if field is not None and name in req.sampling}
+        return SamplingParams(
+            n=1,
+            max_tokens=req.max_tokens,
+            stop_token_ids=stop_ids or None,
+            bad_words=bad,
+            logprobs=0 if req.return_log_probs else None,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            **mapped,
+        )
+
+    async def generate(self, req: EngineRequest, request_id: str) -> AsyncIterator[Delta]:
+        try:
+            params = self.sampling_params(req)
+        except Exception as exc:  # vLLM's own validation of sampling values
+            raise RequestError(str(exc)) from None
+        lora_request = None
+        if req.lora_task_id:
+            if req.lora_task_id not in self.lora:
+                raise RequestError(f"lora_task_id {req.lora_task_id} is not a configured adapter",
+                                   param="lora_name")
+            from vllm.lora.request import LoRARequest
+
+            name, path = self.lora[req.lora_task_id]
+            lora_request = LoRARequest(name, req.lora_task_id, path)
+        stream = self.engine.generate(
+            {"prompt_token_ids": req.input_ids}, params, request_id=request_id,
+            lora_request=lora_request,
+        )
+        async for out in stream:
+            comp = out.outputs[0]
+            new = [int(t) for t in comp.token_ids]
+            lps: list[float] | None = None
+            if req.return_log_probs and comp.logprobs:
+                lps = []
+                for tok, entry in zip(new, comp.logprobs):
+                    lp = entry.get(tok) if entry else None
+                    lps.append(float(lp.logprob) if lp is not None else 0.0)
+            yield Delta(new, lps, comp.finish_reason)
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
