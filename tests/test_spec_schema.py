@@ -10,7 +10,6 @@ import pytest
 from pydantic import BaseModel
 from tritonforge.contract import REQUEST_PARAMETERS, SAMPLING_DEFAULTS
 from tritonforge.spec import Spec, SpecError, load_spec, parse_spec
-from tritonforge.spec.reference import BEGIN, END, replace_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,14 +65,6 @@ def test_spec_error_lists_problems() -> None:
     with pytest.raises(SpecError) as info:
         parse_spec({"name": "a/b", "streaming": "no"})
     assert len(info.value.problems) == 2
-
-
-def test_docs_reference_is_in_sync() -> None:
-    text = (ROOT / "docs" / "generator.md").read_text()
-    assert BEGIN in text and END in text
-    assert replace_reference(text) == text, (
-        "docs/generator.md is stale: python -m tritonforge.spec.reference --write "
-        "docs/generator.md")
 
 
 def test_generator_does_not_import_engines() -> None:

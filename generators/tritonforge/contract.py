@@ -63,8 +63,6 @@ __all__ = [
     "PREPROCESSED_ENGINE_INPUTS",
     "PREPROCESSING_INPUTS",
     "PREPROCESSING_OUTPUTS",
-    "REQUESTS_BEGIN",
-    "REQUESTS_END",
     "REQUEST_PARAMETERS",
     "SAMPLING_DEFAULTS",
     "STOP_REQUEST",
@@ -90,7 +88,6 @@ __all__ = [
     "parse_error",
     "parse_messages",
     "pre_output",
-    "replace_requests_markdown",
     "requests_markdown",
 ]
 
@@ -687,11 +684,7 @@ def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:
 
 
 # ----------------------------------------------------------------------------------------
-# The reference table in docs/requests.md.
-REQUESTS_BEGIN: Final = "<!-- request-parameters:begin (generated from tritonforge.contract; do not edit) -->"
-REQUESTS_END: Final = "<!-- request-parameters:end -->"
-
-
+# The reference table in docs/requests.md (kept in sync by tritonforge.docsync).
 def requests_markdown() -> str:
     """The request-parameter reference, one row per table row."""
     names = {EngineKind.VLLM: "vLLM", EngineKind.TRTLLM_CPP: "TRT-LLM C++",
@@ -709,21 +702,3 @@ def requests_markdown() -> str:
                  f"`{p.client}`" if p.client else "", engines, p.doc.replace("|", "\\|")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def replace_requests_markdown(document: str) -> str:
-    """``document`` with the text between the markers replaced by the current table."""
-    head, _, rest = document.partition(REQUESTS_BEGIN)
-    _, _, tail = rest.partition(REQUESTS_END)
-    return f"{head}{REQUESTS_BEGIN}\n\n{requests_markdown()}\n{REQUESTS_END}{tail}"
-
-
-if __name__ == "__main__":  # pragma: no cover - maintenance helper
-    import sys
-    from pathlib import Path
-
-    if len(sys.argv) == 3 and sys.argv[1] == "--write":
-        target = Path(sys.argv[2])
-        target.write_text(replace_requests_markdown(target.read_text()))
-    else:
-        sys.stdout.write(requests_markdown())

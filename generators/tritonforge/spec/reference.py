@@ -1,25 +1,21 @@
 """The spec reference in Markdown, generated from the schema's field docstrings.
 
-``docs/generator.md`` embeds this text between two markers; a test keeps them equal.
-Regenerate with ``python -m tritonforge.spec.reference --write docs/generator.md``.
+``docs/generator.md`` embeds this text between two markers (tritonforge.docsync); a test
+keeps them equal. Regenerate with ``python -m tritonforge.docsync --write``.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from tritonforge.spec.model import Spec
 
-__all__ = ["BEGIN", "END", "reference_markdown", "replace_reference"]
+__all__ = ["reference_markdown"]
 
-BEGIN: Final = "<!-- spec-reference:begin (generated from the schema; do not edit) -->"
-END: Final = "<!-- spec-reference:end -->"
 
 
 def _type_name(annotation: Any) -> str:
@@ -63,18 +59,3 @@ def reference_markdown() -> str:
     out: list[str] = []
     _section(Spec, "", out)
     return "\n".join(out).rstrip() + "\n"
-
-
-def replace_reference(document: str) -> str:
-    """``document`` with the text between the markers replaced by the current reference."""
-    head, _, rest = document.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n\n{reference_markdown()}\n{END}{tail}"
-
-
-if __name__ == "__main__":  # pragma: no cover - maintenance helper
-    if len(sys.argv) == 3 and sys.argv[1] == "--write":
-        target = Path(sys.argv[2])
-        target.write_text(replace_reference(target.read_text()))
-    else:
-        sys.stdout.write(reference_markdown())
