@@ -46,6 +46,8 @@ RESTRICTED_API_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
 RESTRICTED_HEADER = "admin-key"
 # Triton's admin-ish endpoint groups, closed unless the admin key header is sent.
 RESTRICTED_GROUPS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
+# How long a Python-backend stub may take to answer at start-up (see Server.command).
+STUB_TIMEOUT_SECONDS = 600
 
 
 class ServerError(Exception):
@@ -216,6 +218,10 @@ class TritonServer:
             "--disable-auto-complete-config",
             "--strict-readiness=true",
             "--exit-timeout-secs=20",
+            # The Python backend gives a stub 30 s by default to answer its start-up; past
+            # that it waits forever for the stub to exit, and the model never loads. A busy
+            # 2-core machine importing torch in several stubs at once takes longer.
+            f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_SECONDS}",
             f"--log-verbose={o.log_verbose}",
         ]
         if self.install.cache_dir is not None:
