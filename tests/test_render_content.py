@@ -101,7 +101,12 @@ def test_models_use_the_contract_tensors() -> None:
     sync = parse(files, "smollm2_sync")
     assert names(sync.input) == contract(C.ENSEMBLE_INPUTS)
     assert not sync.model_transaction_policy.decoupled
-    assert params(sync) == {C.Param.TARGET_MODEL.value: "smollm2"}
+    assert params(sync) == {C.Param.TARGET_MODEL.value: "smollm2",
+                            C.Param.ENGINE_MODEL.value: C.MODEL_VLLM_ENGINE}
+    # Postprocessing stops the engine for a cancelled stream: it must see cancelled requests,
+    # which Triton's dynamic batcher would answer itself.
+    assert not post.HasField("dynamic_batching")
+    assert params(post)[C.Param.ENGINE_MODEL.value] == C.MODEL_VLLM_ENGINE
     for cfg in (ens, pre, eng, post, sync):
         assert cfg.max_batch_size == 64
 

@@ -82,6 +82,7 @@ __all__ = [
     "check_request_values",
     "closest",
     "engine_inputs_for",
+    "engine_request_id",
     "format_error",
     "is_stop_request",
     "param",
@@ -555,7 +556,22 @@ ENGINE_OUTPUTS: Final[tuple[Tensor, ...]] = (
 ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("finish_reason", DType.STRING, (1,), False, "Set on the last response."),
     Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
+    Tensor("request_key", DType.UINT64, (1,), False,
+           "The engine's own key of the request (see engine_request_id)."),
 )
+
+
+def engine_request_id(key: int) -> str:
+    """The request id a stop request carries to cancel exactly the engine request ``key``.
+
+    tritonforge's engine model answers every response with its own ``request_key`` (unique
+    in the engine, unlike a client's request id, which two clients may share or leave
+    empty). A step that learns that the client left -- postprocessing, which Triton's
+    ensemble scheduler tells (its request is cancelled), or the BLS model -- sends the
+    ``stop`` request with this id; the engine also accepts the client's id (TensorRT-LLM's
+    semantics), which is all the C++ backend understands.
+    """
+    return f"tritonforge-key-{int(key):016x}"
 
 # The request that cancels a live request: the engine contract's ``stop`` input, sent with
 # the request id of the request to cancel (TensorRT-LLM's semantics; tritonforge's engine
@@ -617,17 +633,20 @@ POSTPROCESSING_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("sequence_length", DType.INT32, (-1,)),
     Tensor("engine_finish_reason", DType.STRING, (1,), True),
     Tensor("engine_num_input_tokens", DType.INT32, (1,), True),
+    Tensor("engine_request_key", DType.UINT64, (1,), True),
 )
 POSTPROCESSING_OUTPUTS: Final[tuple[Tensor, ...]] = ENSEMBLE_OUTPUTS
 
 # Where each postprocessing input comes from: the engine step only (see
 # ENGINE_EXTRA_OUTPUTS). Optional sources are mapped only when the engine declares them.
-# Detokenization state is keyed by the request id, which ensembles pass on to every step.
+# Detokenization state is keyed by the engine's request key when the engine sends one, else
+# by the request id, which ensembles pass on to every step.
 POSTPROCESSING_SOURCES: Final[dict[str, tuple[str, str]]] = {
     "output_ids": ("engine", "output_ids"),
     "sequence_length": ("engine", "sequence_length"),
     "engine_finish_reason": ("engine", "finish_reason"),
     "engine_num_input_tokens": ("engine", "num_input_tokens"),
+    "engine_request_key": ("engine", "request_key"),
 }
 
 
@@ -649,6 +668,7 @@ class Param(str, enum.Enum):
     ENGINE_KIND = "tritonforge_engine_kind"  # an EngineKind value
     SKIP_SPECIAL_TOKENS = "tritonforge_skip_special_tokens"  # "true" | "false"
     TARGET_MODEL = "tritonforge_target_model"  # BLS / sync model: the model it calls
+    ENGINE_MODEL = "tritonforge_engine_model"  # postprocessing / sync: the engine to stop
     ENGINE_ENV = "tritonforge_engine_env"  # JSON {VAR: value} set before importing the engine
 
 

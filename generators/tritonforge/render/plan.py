@@ -267,14 +267,17 @@ def plan_repository(spec: Spec) -> RepoPlan:
         },
         description="Validates a request, tokenizes it and fills the spec's defaults.",
     )
+    # No dynamic batcher on postprocessing: Triton's batcher answers a cancelled request
+    # itself, and the cancelled request is how postprocessing learns to stop the engine.
     post = _python_model(
         C.MODEL_POSTPROCESSING, C.MODEL_POSTPROCESSING, s,
         inputs=_tensors(C.POSTPROCESSING_INPUTS), outputs=_tensors(C.POSTPROCESSING_OUTPUTS),
-        count=inst.postprocessing,
+        count=inst.postprocessing, dynamic=False,
         params={
             C.Param.MODEL.value: s.model.path,
             C.Param.TOKENIZER.value: tokenizer,
             C.Param.SKIP_SPECIAL_TOKENS.value: _b(s.model.skip_special_tokens),
+            C.Param.ENGINE_MODEL.value: engine_name,
         },
         description="Detokenizes engine output incrementally (per request key).",
     )
@@ -352,7 +355,8 @@ def plan_repository(spec: Spec) -> RepoPlan:
         sync = _python_model(
             sync_model_name(s), "sync", s,
             inputs=_tensors(C.ENSEMBLE_INPUTS), outputs=_tensors(C.ENSEMBLE_OUTPUTS),
-            count=inst.sync, params={C.Param.TARGET_MODEL.value: s.name},
+            count=inst.sync, params={C.Param.TARGET_MODEL.value: s.name,
+                                     C.Param.ENGINE_MODEL.value: engine_name},
             description="Non-decoupled twin of the ensemble for /generate and ModelInfer.",
         )
         sync.response_cache = s.response_cache

@@ -149,10 +149,11 @@ class _Checker:
                 if f"{name}/1/model.py" not in self.files:
                     self.add(f"{name}/1/model.py", name, "python model has no 1/model.py. Fix: "
                              "regenerate")
-                target = params.get(C.Param.TARGET_MODEL.value)
-                if target is not None and target not in self.configs:
-                    self.add(path, name, f"parameter {C.Param.TARGET_MODEL.value} names model "
-                             f"{target!r}, which is not in the repository. Fix: regenerate")
+                for ref in (C.Param.TARGET_MODEL, C.Param.ENGINE_MODEL):
+                    target = params.get(ref.value)
+                    if target is not None and target not in self.configs:
+                        self.add(path, name, f"parameter {ref.value} names model "
+                                 f"{target!r}, which is not in the repository. Fix: regenerate")
                 src = self.files.get(f"{name}/1/model.py", b"").decode("utf-8", "replace")
                 if "tritonforge.triton_models.sync_model" in src and \
                         cfg.model_transaction_policy.decoupled:

@@ -33,6 +33,7 @@ from tritonforge.contract import (
     ParameterError,
     check_request_parameters,
     engine_inputs_for,
+    engine_request_id,
     pre_output,
 )
 from tritonforge.triton_models import triton_io
@@ -48,12 +49,17 @@ _PRE_OUTPUTS = [t.name for t in PREPROCESSING_OUTPUTS]
 
 
 class _Live:
-    __slots__ = ("cancelled", "request", "request_id")
+    __slots__ = ("cancelled", "key", "request", "request_id")
 
     def __init__(self, request: Any, request_id: str) -> None:
         self.request = request
         self.request_id = request_id
+        self.key = 0  # the engine's own key, from its first response
         self.cancelled = threading.Event()
+
+    def stop_id(self) -> str:
+        """Whom a stop names: exactly this engine request once its key is known."""
+        return engine_request_id(self.key) if self.key else self.request_id
 
 
 class TritonPythonModel:
@@ -96,14 +102,7 @@ class TritonPythonModel:
                     cancelled = True
                 if cancelled:
                     live.cancelled.set()
-                    self.pool.submit(self._send_stop, live.request_id)
-
-    def _send_stop(self, request_id: str) -> None:
-        try:
-            for _ in triton_io.stop_request(self.engine, request_id).exec(decoupled=True):
-                pass
-        except Exception:
-            pass
+                    self.pool.submit(triton_io.send_stop, self.engine, live.stop_id())
 
     # -- requests ------------------------------------------------------------------------
     def execute(self, requests: list[Any]) -> list[Any] | None:
@@ -203,11 +202,14 @@ class TritonPythonModel:
                 tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
                 if "output_ids" not in tensors:
                     continue  # an empty final response
+                if not live.key and "request_key" in tensors:
+                    live.key = int(tensors["request_key"].reshape(-1)[0])
                 post_in = {
                     "output_ids": tensors["output_ids"],
                     "sequence_length": tensors.get("sequence_length"),
                     "engine_finish_reason": tensors.get("finish_reason"),
                     "engine_num_input_tokens": tensors.get("num_input_tokens"),
+                    "engine_request_key": tensors.get("request_key"),
                 }
                 with self._post_lock:
                     result = self.post.process(post_in, request_id)
@@ -217,13 +219,21 @@ class TritonPythonModel:
             if live.cancelled.is_set() and not sent_final:
                 send(None, triton_io.error_response(ErrorKind.CANCELLED, "request cancelled"))
             elif not sent_final:
-                send({**self.post.process({"output_ids": np.zeros((1, 1, 0), dtype=np.int32),
-                                           "sequence_length": np.zeros((1, 1), dtype=np.int32),
-                                           "engine_finish_reason": np.array([[FinishReason.STOP.value.encode()]], dtype=object)},
-                                          request_id).arrays()})
+                with self._post_lock:
+                    result = self.post.process({
+                        "output_ids": np.zeros((1, 1, 0), dtype=np.int32),
+                        "sequence_length": np.zeros((1, 1), dtype=np.int32),
+                        "engine_finish_reason": np.array([[FinishReason.STOP.value.encode()]], dtype=object),
+                        "engine_request_key": np.array([[live.key]], dtype=np.uint64),
+                    }, request_id)
+                send(result.arrays())
         finally:
             with self._live_lock:
                 self._live.pop(key, None)
+            if live.cancelled.is_set():
+                with self._post_lock:
+                    self.post.forget({"engine_request_key": np.array([[live.key]], dtype=np.uint64)},
+                                     request_id)
 
     def finalize(self) -> None:
         self._stopping.set()

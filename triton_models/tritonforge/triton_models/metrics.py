@@ -20,7 +20,8 @@ Triton 2.51 (release 24.10), the server bundled here, supports histogram familie
 server without it, histograms are emulated with counter families named ``<name>_bucket``
 (label ``le``), ``<name>_sum`` and ``<name>_count``, so ``histogram_quantile`` works the same.
 
-Series (all labelled ``model`` and ``version``):
+Series (all labelled ``model`` and ``version``); running, waiting and KV usage are the engine
+scheduler's own report (vLLM's stat loggers), not a count kept by tritonforge:
 
 ====================================================  =========  ====================
 ``tritonforge_engine_time_to_first_token_seconds``     histogram
@@ -32,6 +33,7 @@ Series (all labelled ``model`` and ``version``):
 ``tritonforge_engine_requests_waiting``                gauge
 ``tritonforge_engine_kv_cache_usage_ratio``            gauge      0..1
 ``tritonforge_engine_requests_finished_total``         counter    + ``finish_reason``
+``tritonforge_engine_abort_failures_total``            counter
 ====================================================  =========  ====================
 """
 
@@ -47,6 +49,7 @@ from typing import Any, Final
 from tritonforge.contract import FinishReason
 
 __all__ = [
+    "ABORT_FAILURES",
     "E2E_BUCKETS",
     "E2E_LATENCY",
     "ENGINE_METRIC_NAMES",
@@ -73,6 +76,7 @@ REQUESTS_RUNNING: Final = "tritonforge_engine_requests_running"
 REQUESTS_WAITING: Final = "tritonforge_engine_requests_waiting"
 KV_CACHE_USAGE: Final = "tritonforge_engine_kv_cache_usage_ratio"
 REQUESTS_FINISHED: Final = "tritonforge_engine_requests_finished_total"
+ABORT_FAILURES: Final = "tritonforge_engine_abort_failures_total"
 
 TTFT_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
@@ -91,7 +95,7 @@ HISTOGRAMS: Final[dict[str, tuple[float, ...]]] = {
     TIME_PER_OUTPUT_TOKEN: TPOT_BUCKETS,
     E2E_LATENCY: E2E_BUCKETS,
 }
-_COUNTERS: Final = (PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS_FINISHED)
+_COUNTERS: Final = (PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS_FINISHED, ABORT_FAILURES)
 _GAUGES: Final = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE)
 
 #: Every series name a scrape shows for these metrics (histograms expanded).
@@ -111,6 +115,7 @@ _DESCRIPTIONS: Final = {
     REQUESTS_WAITING: "Requests queued in the engine, not yet scheduled.",
     KV_CACHE_USAGE: "Fraction of the engine's KV cache in use (0..1).",
     REQUESTS_FINISHED: "Requests finished by the engine, by finish reason.",
+    ABORT_FAILURES: "Aborts the engine refused (it may still be generating for the request).",
 }
 
 _Labels = dict[str, str]
@@ -319,7 +324,7 @@ class EngineMetrics:
         if self._memory is not None:
             for name, buckets in HISTOGRAMS.items():
                 self._memory.metric(name, "histogram", self.labels, buckets)
-        for name in (PROMPT_TOKENS, GENERATION_TOKENS):
+        for name in (PROMPT_TOKENS, GENERATION_TOKENS, ABORT_FAILURES):
             self._increment(name, 0, allow_zero=True)
         for name in _GAUGES:
             self._set(name, 0.0)
@@ -360,6 +365,9 @@ class EngineMetrics:
     def add_request_finished(self, finish_reason: str, _count: int = 1) -> None:
         reason = str(finish_reason) or "unknown"
         self._increment(REQUESTS_FINISHED, _count, {"finish_reason": reason}, allow_zero=True)
+
+    def add_abort_failure(self) -> None:
+        self._increment(ABORT_FAILURES, 1)
 
     # -- lifecycle / inspection --------------------------------------------------------------
     def flush(self, timeout: float | None = 10.0) -> bool:

@@ -4,10 +4,12 @@ The ensemble calls postprocessing once per engine response, with the engine's ou
 (Triton refuses a step fed both by a decoupled model and by earlier steps). Detokenization
 state lives here, keyed by the request id (ensembles pass the client's id to every step; the
 tritonforge clients always send one), so streamed pieces concatenate to exactly the text of a
-non-streamed request (see ``detokenize``). State is dropped when the request finishes, and
-bounded (least recently used first) in case a request's end is never seen. A request without
-an id is decoded chunk by chunk; tritonforge's engine cuts chunks on character boundaries,
-so that is exact for byte-level BPE tokenizers too.
+non-streamed request (see ``detokenize``). State is keyed by the engine's own request key
+when the engine sends one (two clients may send the same id), else by the request id. It is
+dropped when the request finishes or is cancelled, and bounded (least recently used first)
+in case a request's end is never seen. A request without either is decoded chunk by chunk;
+tritonforge's engine cuts chunks on character boundaries, so that is exact for byte-level
+BPE tokenizers too.
 """
 
 from __future__ import annotations
@@ -68,6 +70,20 @@ class Postprocessor:
     def open_requests(self) -> int:
         return len(self._states)
 
+    @staticmethod
+    def request_key(inputs: Mapping[str, np.ndarray | None]) -> int:
+        """The engine's own key of the request these inputs belong to (0: none sent)."""
+        return int(_scalar(inputs.get("engine_request_key"), 0) or 0)
+
+    @classmethod
+    def state_id(cls, inputs: Mapping[str, np.ndarray | None], request_id: str) -> str:
+        key = cls.request_key(inputs)
+        return f"key:{key}" if key else request_id
+
+    def forget(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> None:
+        """Drop a request's state (it was cancelled: no final response will come)."""
+        self._states.pop(self.state_id(inputs, request_id), None)
+
     def process(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> PostResult:
         ids_arr = inputs["output_ids"]
         assert ids_arr is not None
@@ -83,6 +99,7 @@ class Postprocessor:
         if not reason and hit_end:
             reason = FinishReason.STOP.value
         n_input = int(_scalar(inputs.get("engine_num_input_tokens"), -1))
+        request_id = self.state_id(inputs, request_id)
 
         if not request_id:
             text = self.decode(ids)

@@ -1,16 +1,32 @@
-"""Triton adapter of ``postprocess.Postprocessor`` (postprocessing/1/model.py imports it)."""
+"""Triton adapter of ``postprocess.Postprocessor`` (postprocessing/1/model.py imports it).
+
+It is also how a client that leaves an ensemble stream stops the engine. Triton's ensemble
+scheduler does not tell a step that is already running (the engine) that the client has
+gone; it marks the *next* step's request cancelled -- the postprocessing request made for the
+engine's next response. So this model is configured without a dynamic batcher (which would
+drop a cancelled request before ``execute`` sees it), and on a cancelled request it sends the
+engine model the contract's ``stop`` for that engine request (``contract.engine_request_id``
+of the key the engine returned; the client's request id where the engine sends no key, as
+the TensorRT-LLM C++ backend does), answers CANCELLED and drops the request's state. Works
+for every client: a gRPC stream cancelled or whose channel closed, an HTTP client that
+disconnected (Triton's HTTP frontend cancels the request), the typed clients.
+"""
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tritonforge.contract import POSTPROCESSING_INPUTS, Param
+from tritonforge.contract import POSTPROCESSING_INPUTS, ErrorKind, Param, engine_request_id
 from tritonforge.triton_models import triton_io
 from tritonforge.triton_models.detokenize import make_decoder
 from tritonforge.triton_models.postprocess import Postprocessor
 from tritonforge.triton_models.preprocess import load_tokenizer
 
 __all__ = ["TritonPythonModel"]
+
+log = logging.getLogger("tritonforge.postprocessing")
 
 
 class TritonPythonModel:
@@ -24,14 +40,32 @@ class TritonPythonModel:
         self.post = Postprocessor(
             make_decoder(tokenizer, skip_special_tokens=skip), None if eos is None else int(eos)
         )
+        self.engine = params.get(Param.ENGINE_MODEL.value) or ""
+        # Stops go out on their own threads: execute never waits for the engine.
+        self.stops = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tritonforge-stop")
+
+    def _cancelled(self, request: Any) -> Any:
+        inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
+        key = Postprocessor.request_key(inputs)
+        target = engine_request_id(key) if key else request.request_id()
+        self.post.forget(inputs, request.request_id())
+        if self.engine and target:
+            self.stops.submit(triton_io.send_stop, self.engine, target)
+        return triton_io.error_response(ErrorKind.CANCELLED, "request cancelled")
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             try:
+                if request.is_cancelled():
+                    responses.append(self._cancelled(request))
+                    continue
                 inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
                 result = self.post.process(inputs, request.request_id())
                 responses.append(triton_io.make_response(result.arrays()))
             except Exception as exc:
                 responses.append(triton_io.exception_response(exc, "postprocessing"))
         return responses
+
+    def finalize(self) -> None:
+        self.stops.shutdown(wait=True, cancel_futures=False)

@@ -4,10 +4,19 @@ HTTP ``/generate``, gRPC ``ModelInfer`` and Triton's response cache all need a m
 answers each request with exactly one response; the streaming ensemble is decoupled. This
 model forwards the request to the ensemble (Business Logic Scripting, with ``stream`` forced
 to false) and returns its single answer, so the text is the same as the ensemble's.
+
+Cancellation: the forwarded request carries an id of its own (unique), and a watchdog polls
+each live request's ``is_cancelled()`` (an HTTP client that disconnected, a gRPC call
+cancelled); for a cancelled one it sends the engine model the contract's ``stop`` with that
+id, so the engine frees the request at once instead of generating the whole answer for
+nobody (the 2.51 Python backend cannot cancel a BLS call).
 """
 
 from __future__ import annotations
 
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -48,6 +57,28 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         _, params = triton_io.model_params(args)
         self.target = params[Param.TARGET_MODEL.value]
+        self.engine = params.get(Param.ENGINE_MODEL.value) or ""
+        self._live: dict[str, Any] = {}  # forwarded id -> the client's request
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._stops = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tritonforge-stop")
+        threading.Thread(target=self._watch, name="tritonforge-sync-cancel", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(0.05):
+            with self._lock:
+                lives = list(self._live.items())
+            for forwarded_id, request in lives:
+                try:
+                    cancelled = bool(request.is_cancelled())
+                except Exception:
+                    cancelled = True
+                if cancelled:
+                    with self._lock:
+                        if self._live.pop(forwarded_id, None) is None:
+                            continue
+                    if self.engine:
+                        self._stops.submit(triton_io.send_stop, self.engine, forwarded_id)
 
     def _forward(self, request: Any) -> Any:
         # BLS requests carry no parameters on to the ensemble: check them here.
@@ -67,17 +98,29 @@ class TritonPythonModel:
         # Same batch size as the request's inputs, so preprocessing (not Triton's batch check
         # on a tensor this model added) answers a wrong batch size, with its own message.
         inputs.append(pb_utils.Tensor("stream", np.zeros((batch, 1), dtype=bool)))
+        forwarded_id = f"tritonforge-sync-{uuid.uuid4().hex}"
         bls = pb_utils.InferenceRequest(
-            model_name=self.target, requested_output_names=_OUTPUT_NAMES, inputs=inputs
+            model_name=self.target, requested_output_names=_OUTPUT_NAMES, inputs=inputs,
+            request_id=forwarded_id,
         )
         parts: list[dict[str, np.ndarray]] = []
-        for response in bls.exec(decoupled=True):
-            if response.has_error():
-                return triton_io.forwarded_error(response.error())
-            tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
-            if tensors:
-                parts.append(tensors)
+        with self._lock:
+            self._live[forwarded_id] = request
+        try:
+            for response in bls.exec(decoupled=True):
+                if response.has_error():
+                    return triton_io.forwarded_error(response.error())
+                tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
+                if tensors:
+                    parts.append(tensors)
+        finally:
+            with self._lock:
+                self._live.pop(forwarded_id, None)
         return triton_io.make_response(merge_responses(parts))
+
+    def finalize(self) -> None:
+        self._stopping.set()
+        self._stops.shutdown(wait=True)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         out = []

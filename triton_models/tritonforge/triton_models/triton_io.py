@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import locale
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "model_params",
     "read_inputs",
     "request_parameters",
+    "send_stop",
     "stop_request",
     "triton_error",
 ]
@@ -104,3 +106,17 @@ def stop_request(model: str, request_id: str) -> Any:
               for name, dtype, value in STOP_REQUEST]
     return pb_utils.InferenceRequest(model_name=model, request_id=request_id, inputs=inputs,
                                      requested_output_names=["output_ids"])
+
+
+def send_stop(model: str, request_id: str) -> bool:
+    """Send ``stop_request`` and wait for the engine's answer; False (logged) on failure."""
+    try:
+        for response in stop_request(model, request_id).exec(decoupled=True):
+            if response.has_error():
+                logging.getLogger("tritonforge.stop").warning(
+                    "stop of %s on %s failed: %s", request_id, model, response.error().message())
+                return False
+        return True
+    except Exception:
+        logging.getLogger("tritonforge.stop").exception("stop of %s on %s failed", request_id, model)
+        return False

@@ -14,7 +14,20 @@ turns the adapter's token deltas into engine-contract responses:
 What the skeleton does for every engine: stop words matched on token ids with hold-back (a
 stop word is never returned, even partly); streamed chunks cut on character boundaries;
 cancellation (a watchdog polls each live request's ``is_cancelled()``; the contract's
-``stop`` input cancels by request id, also when it arrives before its request); metrics.
+``stop`` input cancels by the client's request id or by the engine's own request id
+(``contract.engine_request_id``), also when it arrives before its request); draining at
+shutdown; metrics.
+
+What the engine is doing is read from the engine itself, not from this runner's books: an
+adapter with a ``scheduler_state()`` (vLLM's stat loggers: the scheduler's running and
+waiting counts and KV-cache usage after each step) drives the running/waiting/KV gauges, so
+a request the engine keeps generating for shows there even if this runner has let it go. An
+abort the engine refuses is logged and counted (``tritonforge_engine_abort_failures_total``).
+
+Draining: when the file named by ``$TRITONFORGE_DRAIN_FILE`` appears (``tritonforge serve``
+writes it when asked to stop, before it signals the server), every live request is ended
+with a NOT_READY "server is shutting down" error and new ones are refused the same way, so
+Triton has no in-flight request left to wait for and exits at once.
 
 The runner is also usable in-process without Triton (benchmarks compare the two).
 """
@@ -35,16 +48,21 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from tritonforge.contract import ErrorKind, FinishReason
+from tritonforge.contract import ErrorKind, FinishReason, engine_request_id
 from tritonforge.triton_models.engine.request import EngineRequest, StopMatcher, engine_outputs
 from tritonforge.triton_models.errors import ModelError
 
-__all__ = ["Delta", "EngineAdapter", "EngineRunner", "Responder"]
+__all__ = ["Delta", "EngineAdapter", "EngineRunner", "Responder", "SchedulerState"]
 
 log = logging.getLogger("tritonforge.engine")
 # A stop that arrives before its request is kept this long (and at most this many).
 EARLY_STOP_SECONDS = 60.0
 EARLY_STOP_MAX = 4096
+# An engine whose scheduler has reported nothing for this long has run no step: it holds no
+# request (a busy engine reports after every step, well under a second apart).
+IDLE_AFTER_SECONDS = 5.0
+DRAIN_FILE_ENV = "TRITONFORGE_DRAIN_FILE"
+SHUTTING_DOWN = "server is shutting down"
 
 
 @dataclass
@@ -96,10 +114,22 @@ class _Metrics(Protocol):
     def set_waiting(self, n: int) -> None: ...
     def set_kv_cache_usage(self, fraction: float) -> None: ...
     def add_request_finished(self, finish_reason: str) -> None: ...
+    def add_abort_failure(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    """The engine scheduler's own counts, as it last reported them."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    age_seconds: float  # since the report; an idle engine reports nothing
 
 
 @dataclass
 class _Live:
+    key: int
     engine_id: str
     responder: Responder
     tokens: int
@@ -107,6 +137,8 @@ class _Live:
     cancelled: bool = False
     task: asyncio.Task[None] | None = None
     client_id: str = ""
+    cancel_kind: ErrorKind = ErrorKind.CANCELLED
+    cancel_message: str = "request cancelled"
 
 
 class EngineRunner:
@@ -124,7 +156,12 @@ class EngineRunner:
         self.cancel_poll_seconds = cancel_poll_seconds
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="tritonforge-engine", daemon=True)
-        self._ids = itertools.count()
+        # Keys are unique per engine model and unguessable across restarts.
+        self._key_base = (int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF) << 32
+        self._ids = itertools.count(1)
+        self._draining = False
+        self._drain_file = os.environ.get(DRAIN_FILE_ENV) or None
+        self._gauges: tuple[float, float, float] | None = None
         self._live: dict[int, _Live] = {}
         # Stops that named no live request: its request may still be on its way (queued in
         # Triton, or in preprocessing), so it is cancelled on arrival. Bounded in age and count.
@@ -178,22 +215,48 @@ class EngineRunner:
         ``stop`` input, as the TensorRT-LLM backend does); resolves to how many there were."""
         return asyncio.run_coroutine_threadsafe(self._stop(client_id), self.loop)
 
-    async def _abort(self, engine_id: str) -> None:
+    async def _abort(self, engine_id: str) -> bool:
+        """Abort in the engine; a failure is logged and counted, never hidden."""
         try:
             await self.adapter.abort(engine_id)
+            return True
         except Exception:
-            log.exception("engine abort of %s failed", engine_id)
+            log.exception("engine abort of %s failed: the engine may still be generating for it", engine_id)
+            if self.metrics is not None:
+                self.metrics.add_abort_failure()
+            return False
 
-    def _cancel(self, live: _Live) -> bool:
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self) -> concurrent.futures.Future[int]:
+        """End every live request with a "shutting down" error and refuse new ones."""
+        return asyncio.run_coroutine_threadsafe(self._drain(), self.loop)
+
+    async def _drain(self) -> int:
+        if not self._draining:
+            log.info("draining: ending %d live request(s), refusing new ones", len(self._live))
+        self._draining = True
+        lives = list(self._live.values())
+        for live in lives:
+            if self._cancel(live, ErrorKind.NOT_READY, SHUTTING_DOWN):
+                await self._abort(live.engine_id)
+        return len(lives)
+
+    def _cancel(self, live: _Live, kind: ErrorKind = ErrorKind.CANCELLED,
+                message: str = "request cancelled") -> bool:
         if live.cancelled:
             return False
         live.cancelled = True
+        live.cancel_kind, live.cancel_message = kind, message
         if live.task is not None:
             live.task.cancel()  # wake the request's coroutine wherever it waits
         return True
 
     async def _stop(self, client_id: str) -> int:
-        hits = [lv for lv in self._live.values() if client_id and lv.client_id == client_id]
+        hits = [lv for lv in self._live.values()
+                if client_id and client_id in (lv.client_id, lv.engine_id)]
         if client_id and not hits:
             self._early_stops[client_id] = time.monotonic()
             self._early_stops.move_to_end(client_id)
@@ -220,19 +283,37 @@ class EngineRunner:
             return True
 
     def _update_gauges(self) -> None:
+        """Running/waiting/KV gauges: the engine scheduler's own report when the adapter has
+        one (an engine that has run no step for ``IDLE_AFTER_SECONDS`` holds no request:
+        a busy engine reports after every step), else this runner's count."""
         if self.metrics is None:
             return
-        running = sum(1 for lv in self._live.values() if lv.started)
-        self.metrics.set_running(running)
-        self.metrics.set_waiting(len(self._live) - running)
-        capacity = self.adapter.kv_capacity_tokens
-        if capacity:
+        state_of = getattr(self.adapter, "scheduler_state", None)
+        state: SchedulerState | None = state_of() if state_of is not None else None
+        if state is not None:
+            if state.age_seconds > IDLE_AFTER_SECONDS:
+                values = (0.0, 0.0, 0.0)
+            else:
+                values = (float(state.running), float(state.waiting), float(state.kv_cache_usage))
+        else:
+            running = sum(1 for lv in self._live.values() if lv.started)
+            capacity = self.adapter.kv_capacity_tokens
             used = sum(lv.tokens for lv in self._live.values())
-            self.metrics.set_kv_cache_usage(min(1.0, used / capacity))
+            values = (float(running), float(len(self._live) - running),
+                      min(1.0, used / capacity) if capacity else 0.0)
+        if values == self._gauges:
+            return
+        self._gauges = values
+        self.metrics.set_running(int(values[0]))
+        self.metrics.set_waiting(int(values[1]))
+        self.metrics.set_kv_cache_usage(values[2])
 
     async def _watch_cancellations(self) -> None:
         while True:
             await asyncio.sleep(self.cancel_poll_seconds)
+            if not self._draining and self._drain_file and os.path.exists(self._drain_file):
+                await self._drain()
+            self._update_gauges()
             for live in list(self._live.values()):
                 if live.cancelled:
                     continue
@@ -244,9 +325,9 @@ class EngineRunner:
                     await self._abort(live.engine_id)
 
     async def _serve(self, req: EngineRequest, responder: Responder, client_id: str = "") -> None:
-        key = next(self._ids)
-        engine_id = f"tf-{os.getpid()}-{key}"
-        live = _Live(engine_id, responder, len(req.input_ids), task=asyncio.current_task(),
+        key = self._key_base | next(self._ids)
+        engine_id = engine_request_id(key)
+        live = _Live(key, engine_id, responder, len(req.input_ids), task=asyncio.current_task(),
                      client_id=client_id)
         self._live[key] = live
         self._update_gauges()
@@ -260,6 +341,9 @@ class EngineRunner:
         pending: list[int] = list(req.input_ids) if not req.exclude_input_in_output else []
         pending_lp: list[float] = [0.0] * len(pending)
         try:
+            if self._draining:
+                self._cancel(live, ErrorKind.NOT_READY, SHUTTING_DOWN)
+                raise asyncio.CancelledError  # answered below; never reaches the engine
             if self._stopped_before_arrival(client_id):
                 live.cancelled = True
                 raise asyncio.CancelledError  # answered as cancelled below; never reaches the engine
@@ -294,19 +378,19 @@ class EngineRunner:
                               "abort": FinishReason.CANCELLED.value}.get(delta.finish, FinishReason.STOP.value)
                     break
                 if req.streaming and pending and self._complete_text(pending):
-                    responder.send(engine_outputs(pending, "", n_in, pending_lp if req.return_log_probs else None),
-                                   final=False)
+                    responder.send(engine_outputs(pending, "", n_in, pending_lp if req.return_log_probs else None,
+                                                  key), final=False)
                     pending, pending_lp = [], []
                 self._update_gauges()
             if live.cancelled:
                 await self._abort(engine_id)
                 finish = FinishReason.CANCELLED.value
-                responder.send_error(ErrorKind.CANCELLED, "request cancelled")
+                responder.send_error(live.cancel_kind, live.cancel_message)
             else:
                 if not finish:
                     finish = FinishReason.LENGTH.value if generated >= req.max_tokens else FinishReason.STOP.value
-                responder.send(engine_outputs(pending, finish, n_in, pending_lp if req.return_log_probs else None),
-                               final=True)
+                responder.send(engine_outputs(pending, finish, n_in, pending_lp if req.return_log_probs else None,
+                                              key), final=True)
         except ModelError as exc:
             finish = "error"
             responder.send_error(exc.kind, str(exc), exc.param)
@@ -314,7 +398,7 @@ class EngineRunner:
             await self._abort(engine_id)
             finish = FinishReason.CANCELLED.value
             with contextlib.suppress(Exception):
-                responder.send_error(ErrorKind.CANCELLED, "request cancelled")
+                responder.send_error(live.cancel_kind, live.cancel_message)
             if not live.cancelled:  # the runner is shutting down, not a client cancel
                 raise
         except Exception as exc:  # engine failure: answer, keep serving

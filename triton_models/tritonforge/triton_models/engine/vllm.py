@@ -9,11 +9,12 @@ against the table at import, so a new table row without its mapping line fails l
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from tritonforge.triton_models.engine.request import SAMPLING_INPUTS, EngineRequest
-from tritonforge.triton_models.engine.runner import Delta
+from tritonforge.triton_models.engine.runner import Delta, SchedulerState
 from tritonforge.triton_models.errors import RequestError
 
 __all__ = ["VLLM_SAMPLING", "VllmAdapter"]
@@ -41,6 +42,40 @@ if set(VLLM_SAMPLING) != SAMPLING_INPUTS:  # pragma: no cover - fails at import 
     )
 
 
+class _SchedulerReport:
+    """What vLLM's scheduler last reported (its stat loggers get ``SchedulerStats`` after
+    every engine step, in the engine's output handler)."""
+
+    __slots__ = ("at", "kv", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.running, self.waiting, self.kv, self.at = 0, 0, 0.0, 0.0
+
+    def logger_factory(self) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        report = self
+
+        class _Logger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any,
+                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                if scheduler_stats is None:
+                    return
+                report.running = int(scheduler_stats.num_running_reqs)
+                report.waiting = int(scheduler_stats.num_waiting_reqs) + int(
+                    getattr(scheduler_stats, "num_skipped_waiting_reqs", 0) or 0)
+                report.kv = float(scheduler_stats.kv_cache_usage)
+                report.at = time.monotonic()
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Logger
+
+
 class VllmAdapter:
     """vLLM's AsyncLLM behind the engine skeleton."""
 
@@ -57,6 +92,7 @@ class VllmAdapter:
         self.engine: Any = None
         self.tokenizer: Any = None
         self._kv_capacity = 0
+        self._report = _SchedulerReport()
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
@@ -67,7 +103,7 @@ class VllmAdapter:
         if unknown:
             raise ValueError(f"unknown vLLM engine arguments: {', '.join(unknown)}")
         args = AsyncEngineArgs(model=self.model_path, **self.engine_args)
-        self.engine = AsyncLLM.from_engine_args(args)
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._report.logger_factory()])
         self.tokenizer = self.engine.get_tokenizer()
         with contextlib.suppress(Exception):
             cc = self.engine.vllm_config.cache_config
@@ -84,6 +120,18 @@ class VllmAdapter:
     @property
     def kv_capacity_tokens(self) -> int:
         return self._kv_capacity
+
+    def scheduler_state(self) -> SchedulerState | None:
+        """vLLM's scheduler counts after its last step (None before the first one)."""
+        r = self._report
+        if not r.at:
+            return None
+        return SchedulerState(r.running, r.waiting, r.kv, time.monotonic() - r.at)
+
+    @property
+    def dead(self) -> bool:
+        """Whether vLLM's engine core has died (vLLM's own ``errored`` flag)."""
+        return self.engine is not None and bool(getattr(self.engine, "errored", False))
 
     def sampling_params(self, req: EngineRequest) -> Any:
         from vllm import SamplingParams
