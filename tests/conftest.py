@@ -138,7 +138,47 @@ def wait_engine_gauge(
     return value
 
 
-def start_oracle(engine_args: dict[str, object] | None = None) -> "VllmOracle":
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every process below it, read from /proc
+    (the operating system's account, not the server's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in (pid, *descendants(pid)):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def tree_cpu_rate(pid: int, seconds: float = 0.5) -> float:
+    """Cores the process tree under ``pid`` used over the next ``seconds``."""
+    before = tree_cpu_seconds(pid)
+    time.sleep(seconds)
+    return (tree_cpu_seconds(pid) - before) / seconds
+
+
+def start_oracle(engine_args: dict[str, object] | None = None) -> VllmOracle:
     """vLLM's offline LLM API in its own process, on the default model (see vllm_oracle)."""
     from tritonforge.runtime.models import resolve_model
     from tritonforge.runtime.server import find_install, server_environment
@@ -150,7 +190,7 @@ def start_oracle(engine_args: dict[str, object] | None = None) -> "VllmOracle":
 
 
 @pytest.fixture(scope="session")
-def vllm_oracle() -> Iterator["VllmOracle"]:
+def vllm_oracle() -> Iterator[VllmOracle]:
     """One offline vLLM per test session: the reference output serving tests compare with."""
     oracle = start_oracle()
     try:

@@ -16,7 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import DEFAULT_REPO, ServerHandle, _default_model_name, start_server, wait_engine_gauge
+from conftest import (
+    DEFAULT_REPO,
+    ServerHandle,
+    _default_model_name,
+    descendants,
+    start_server,
+    wait_engine_gauge,
+)
 from tritonforge.clients import Client, EngineError, InvalidRequest
 from tritonforge.gateway import run_gateway_in_thread
 
@@ -34,25 +41,6 @@ def own_server() -> Iterator[ServerHandle]:
         yield handle
     finally:
         server.stop()  # type: ignore[attr-defined]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc's parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def engine_core_pids(server_pid: int) -> list[int]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 __all__ = [
+    "DRAIN_FILE_ENV",
     "ENABLE_EMPTY_FINAL_PARAMETER",
     "ENGINE_EXTRA_OUTPUTS",
     "ENGINE_INPUTS",
@@ -561,6 +562,12 @@ ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
 )
 
 
+# The environment variable naming the drain file: when it appears, tritonforge's engine
+# models end every live request ("server is shutting down") and refuse new ones. Set by the
+# launcher (runtime.server) before it stops the server.
+DRAIN_FILE_ENV: Final = "TRITONFORGE_DRAIN_FILE"
+
+
 def engine_request_id(key: int) -> str:
     """The request id a stop request carries to cancel exactly the engine request ``key``.
 
@@ -669,6 +676,7 @@ class Param(str, enum.Enum):
     SKIP_SPECIAL_TOKENS = "tritonforge_skip_special_tokens"  # "true" | "false"
     TARGET_MODEL = "tritonforge_target_model"  # BLS / sync model: the model it calls
     ENGINE_MODEL = "tritonforge_engine_model"  # postprocessing / sync: the engine to stop
+    MAX_QUEUE_SIZE = "tritonforge_max_queue_size"  # engine: requests waiting before OVERLOADED
     ENGINE_ENV = "tritonforge_engine_env"  # JSON {VAR: value} set before importing the engine
 
 

@@ -251,10 +251,15 @@ def plan_repository(spec: Spec) -> RepoPlan:
     engine_name = C.MODEL_VLLM_ENGINE if is_vllm else C.MODEL_TENSORRT_LLM
     adapters = lora_adapters(s)
 
+    # No dynamic batcher on any step of the ensemble: when a client cancels, Triton's ensemble
+    # scheduler cancels the next step's request, and a batcher answers a cancelled request
+    # itself -- after which Triton 2.51 never releases the ensemble request (it stays
+    # "in flight" until the exit timeout). Without a batcher the step's model gets the request
+    # and answers it (postprocessing also stops the engine then; see postprocessing_model).
     pre = _python_model(
         C.MODEL_PREPROCESSING, C.MODEL_PREPROCESSING, s,
         inputs=_tensors(C.PREPROCESSING_INPUTS), outputs=_tensors(C.PREPROCESSING_OUTPUTS),
-        count=inst.preprocessing,
+        count=inst.preprocessing, dynamic=False,
         params={
             C.Param.MODEL.value: s.model.path,
             C.Param.TOKENIZER.value: tokenizer,
@@ -267,8 +272,6 @@ def plan_repository(spec: Spec) -> RepoPlan:
         },
         description="Validates a request, tokenizes it and fills the spec's defaults.",
     )
-    # No dynamic batcher on postprocessing: Triton's batcher answers a cancelled request
-    # itself, and the cancelled request is how postprocessing learns to stop the engine.
     post = _python_model(
         C.MODEL_POSTPROCESSING, C.MODEL_POSTPROCESSING, s,
         inputs=_tensors(C.POSTPROCESSING_INPUTS), outputs=_tensors(C.POSTPROCESSING_OUTPUTS),
@@ -286,9 +289,10 @@ def plan_repository(spec: Spec) -> RepoPlan:
             C.MODEL_VLLM_ENGINE, C.MODEL_VLLM_ENGINE, s,
             inputs=_tensors(C.ENGINE_INPUTS),
             outputs=_tensors(C.ENGINE_OUTPUTS + C.ENGINE_EXTRA_OUTPUTS),
-            count=1, kind="KIND_MODEL", decoupled=s.streaming, dynamic=True,
-            delay=bt.max_queue_delay_microseconds,
+            count=1, kind="KIND_MODEL", decoupled=s.streaming, dynamic=False,
             params={
+                **({C.Param.MAX_QUEUE_SIZE.value: str(bt.max_queue_size)}
+                   if bt.max_queue_size is not None else {}),
                 C.Param.MODEL.value: s.model.path,
                 C.Param.ENGINE_ARGS.value: json_text(engine_args(s)),
                 C.Param.LORA_ADAPTERS.value: json_text(adapters),
@@ -298,7 +302,6 @@ def plan_repository(spec: Spec) -> RepoPlan:
             description="vLLM engine (continuous batching) speaking the TensorRT-LLM "
                         "engine tensor contract.",
         )
-        engine.max_queue_size = bt.max_queue_size
         engine_outputs = {t.name for t in C.ENGINE_OUTPUTS + C.ENGINE_EXTRA_OUTPUTS}
     else:
         engine = ModelPlan(

@@ -164,6 +164,11 @@ def check_spec(spec: Spec) -> list[str]:
         if b != "vllm" and _set(getattr(spec, section), field):
             p.append(f"{section}.{field}: applies to backend vllm only; got it with backend "
                      f"{b}. Fix: remove it (tensorrtllm batches up to batching.max_batch_size)")
+    if b == "vllm" and not stock and spec.batching.max_queue_delay_microseconds:
+        p.append("batching.max_queue_delay_microseconds: has no effect on tritonforge's vLLM "
+                 "engine model (vLLM schedules every request at its next step, and the "
+                 "ensemble's steps have no batcher so that cancellation reaches them); got "
+                 f"{spec.batching.max_queue_delay_microseconds}. Fix: remove it")
     if b != "tensorrtllm" and "tensorrtllm" in spec.model_fields_set:
         p.append("tensorrtllm: this section applies to backend tensorrtllm only; got it with "
                  "backend vllm. Fix: remove it or set backend: tensorrtllm")

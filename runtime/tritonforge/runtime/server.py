@@ -11,6 +11,12 @@ Two installs are supported:
 
 The server runs in its own process group, so stopping it also ends the Python backend stubs
 and the engine processes they started: nothing is left behind.
+
+Stopping drains first: the server's environment names a drain file
+(``$TRITONFORGE_DRAIN_FILE``); ``stop()`` writes it, and tritonforge's engine models end every
+live request with a NOT_READY "server is shutting down" error and refuse new ones. Only then
+is the server signalled, so Triton finds no in-flight request to wait for (it would otherwise
+wait ``--exit-timeout-secs`` for streams that may run for minutes, then exit 1).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonforge.contract import DRAIN_FILE_ENV
 from tritonforge.runtime.paths import cache_dir
 
 __all__ = [
@@ -48,6 +55,10 @@ RESTRICTED_HEADER = "admin-key"
 RESTRICTED_GROUPS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
 # How long a Python-backend stub may take to answer at start-up (see Server.command).
 STUB_TIMEOUT_SECONDS = 600
+# After the drain file is written: how long the engine models get to end their requests.
+DRAIN_SECONDS = 0.5
+# How long Triton waits for in-flight requests at SIGTERM (after the drain, none are left).
+EXIT_TIMEOUT_SECONDS = 8
 
 
 class ServerError(Exception):
@@ -196,6 +207,7 @@ class TritonServer:
         if key is None and options.restrict_admin:
             key = os.urandom(16).hex()
         self.admin_key = key
+        self.drain_file = cache_dir() / "run" / f"drain-{options.http_port}-{os.getpid()}-{id(self):x}"
 
     @property
     def log_file(self) -> Path:
@@ -217,7 +229,7 @@ class TritonServer:
             f"--metrics-port={o.metrics_port}",
             "--disable-auto-complete-config",
             "--strict-readiness=true",
-            "--exit-timeout-secs=20",
+            f"--exit-timeout-secs={EXIT_TIMEOUT_SECONDS}",
             # The Python backend gives a stub 30 s by default to answer its start-up; past
             # that it waits forever for the stub to exit, and the model never loads. A busy
             # 2-core machine importing torch in several stubs at once takes longer.
@@ -248,6 +260,9 @@ class TritonServer:
         log = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
         self._log_handle = log
         env = server_environment(self.install, self.options.env)
+        self.drain_file.parent.mkdir(parents=True, exist_ok=True)
+        self.drain_file.unlink(missing_ok=True)
+        env[DRAIN_FILE_ENV] = str(self.drain_file)
         self.process = subprocess.Popen(
             self.command(),
             stdout=log,
@@ -289,12 +304,20 @@ class TritonServer:
             return "(no log)"
         return "\n".join(text[-lines:])
 
+    def drain(self) -> None:
+        """Ask the engine models to end every live request and refuse new ones."""
+        self.drain_file.parent.mkdir(parents=True, exist_ok=True)
+        self.drain_file.write_text("draining\n")
+
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM the process group, then SIGKILL what is left; return the exit code."""
+        """Drain, SIGTERM the process group, then SIGKILL what is left; return the exit code."""
         proc = self.process
         if proc is None:
             return None
         if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.drain()
+                time.sleep(DRAIN_SECONDS)
             _signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout)
@@ -303,6 +326,7 @@ class TritonServer:
                 proc.wait(10)
         # Stubs and engine workers share the group; make sure none outlives the server.
         _signal_group(proc.pid, signal.SIGKILL)
+        self.drain_file.unlink(missing_ok=True)
         if self._log_handle is not None:
             with contextlib.suppress(Exception):
                 self._log_handle.close()  # type: ignore[attr-defined]

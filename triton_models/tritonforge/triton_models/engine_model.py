@@ -108,7 +108,9 @@ class TritonPythonModel:
             metrics: Any = EngineMetrics(args["model_name"], args.get("model_version", "1"))
         except ImportError:
             metrics = None
-        self.runner = EngineRunner(_make_adapter(kind, params), metrics=metrics)
+        queue = int(params.get(Param.MAX_QUEUE_SIZE.value) or 0)
+        self.runner = EngineRunner(_make_adapter(kind, params), metrics=metrics,
+                                   max_queue_size=queue or None)
         self.runner.start()
 
     def _handle(self, request: Any, responder: Any) -> None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from tritonforge.contract import ErrorKind, FinishReason, engine_request_id
+from tritonforge.contract import DRAIN_FILE_ENV, ErrorKind, FinishReason, engine_request_id
 from tritonforge.triton_models.engine.request import EngineRequest, StopMatcher, engine_outputs
 from tritonforge.triton_models.errors import ModelError
 
@@ -61,7 +61,6 @@ EARLY_STOP_MAX = 4096
 # An engine whose scheduler has reported nothing for this long has run no step: it holds no
 # request (a busy engine reports after every step, well under a second apart).
 IDLE_AFTER_SECONDS = 5.0
-DRAIN_FILE_ENV = "TRITONFORGE_DRAIN_FILE"
 SHUTTING_DOWN = "server is shutting down"
 
 
@@ -150,8 +149,10 @@ class EngineRunner:
         *,
         metrics: _Metrics | None = None,
         cancel_poll_seconds: float = 0.05,
+        max_queue_size: int | None = None,
     ) -> None:
         self.adapter = adapter
+        self.max_queue_size = max_queue_size
         self.metrics = metrics
         self.cancel_poll_seconds = cancel_poll_seconds
         self.loop = asyncio.new_event_loop()
@@ -198,10 +199,26 @@ class EngineRunner:
             except Exception:
                 log.exception("engine shutdown failed")
             self._started = False
+
+            async def _cancel_tasks() -> None:
+                # The engine's own tasks (vLLM's output handler) would otherwise be torn down
+                # half-run by the interpreter's exit, which crashes the stub at exit.
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for t in tasks:
+                    t.cancel()
+                if tasks:
+                    await asyncio.wait(tasks, timeout=5)
+
+            if self.loop.is_running():
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(_cancel_tasks(), self.loop).result(10)
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
         if self._thread.is_alive():
             self._thread.join(10)
+        if not self.loop.is_running() and not self.loop.is_closed():
+            with contextlib.suppress(Exception):
+                self.loop.close()
 
     # -- requests ------------------------------------------------------------------------
     def submit(
@@ -344,6 +361,12 @@ class EngineRunner:
             if self._draining:
                 self._cancel(live, ErrorKind.NOT_READY, SHUTTING_DOWN)
                 raise asyncio.CancelledError  # answered below; never reaches the engine
+            if self.max_queue_size is not None:
+                queued = sum(1 for lv in self._live.values() if not lv.started and lv is not live)
+                if queued >= self.max_queue_size:
+                    raise ModelError(f"the engine's queue is full ({queued} requests waiting, "
+                                     f"batching.max_queue_size {self.max_queue_size}); retry later",
+                                     kind=ErrorKind.OVERLOADED)
             if self._stopped_before_arrival(client_id):
                 live.cancelled = True
                 raise asyncio.CancelledError  # answered as cancelled below; never reaches the engine

@@ -1,0 +1,411 @@
+"""Clients that leave mid-stream stop the engine's work, whoever they are; then a clean stop.
+
+One ``tritonforge serve`` of the default repository of its own (a real subprocess, as a user
+starts it), then for each kind of client, 8 long streams (``min_tokens`` = ``max_tokens`` =
+1500, so none ends early) are dropped mid-stream:
+
+* plain gRPC ``ModelStreamInfer`` (the generated stub, nothing of tritonforge): 4 calls
+  cancelled, 4 whose channel is closed;
+* plain HTTP SSE on ``generate_stream``: 4 responses closed, 4 sockets reset;
+* the OpenAI gateway's streaming clients disconnecting;
+* tritonforge's typed clients (4 gRPC, 4 HTTP) leaving the stream;
+* the BLS model ``tensorrt_llm_bls`` over plain HTTP SSE;
+* the non-streaming ``<name>_sync`` model over plain gRPC ``ModelInfer``, calls cancelled.
+
+The oracles are not tritonforge's: the server's CPU time, summed over every process under
+``serve`` from /proc, must fall to its idle level within 3 s of the drop; vLLM's own
+scheduler (through the engine's running gauge) must be back to 0; the engine's count of
+cancelled finishes must rise by 8; a follow-up request's time to first token must be within
+1.5x the idle one. Each check first proves that the streams would still be generating at
+that point had they not been cancelled (remaining tokens / measured tokens per second).
+
+Finally SIGTERM on ``serve`` with 8 streams live: each stream ends with a clear error, the
+server exits 0 within 10 s, its log has no "in-flight inferences" countdown, and no process
+of its tree survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from conftest import ROOT, _default_model_name, descendants, engine_gauge, tree_cpu_rate
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonforge.clients import Client, ModelNotReady, ServerUnavailable
+from tritonforge.contract import MODEL_BLS
+from tritonforge.gateway import run_gateway_in_thread
+from tritonforge.runtime.server import free_port
+
+pytestmark = pytest.mark.server
+
+TRITONFORGE = str(ROOT / ".venv" / "bin" / "tritonforge")
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+LONG = 1500  # min_tokens = max_tokens: no stream ends by itself during a test
+N = 8  # streams dropped per client kind
+CHECK = 3.0  # seconds after the drop within which the server must be idle again
+IDLE_MARGIN = 0.15  # cores above the idle level that still count as idle
+CANCELLED = 'tritonforge_engine_requests_finished_total{finish_reason="cancelled"'
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    http: str
+    grpc: str
+    metrics: str
+    model: str
+    log: Path
+    idle_cpu: float = 0.0
+    figures: list[str] = field(default_factory=list)
+
+
+def _ready(http: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    ports = [free_port() for _ in range(3)]
+    log = tmp_path_factory.mktemp("drops") / "tritonserver.log"
+    proc = subprocess.Popen(
+        [TRITONFORGE, "serve", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+         "--metrics-port", str(ports[2]), "--log-file", str(log)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )
+    s = Served(proc, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}",
+               _default_model_name(), log)
+    deadline = time.monotonic() + 600
+    while not _ready(s.http):
+        assert proc.poll() is None, f"serve exited early:\n{proc.stdout.read() if proc.stdout else ''}"
+        assert time.monotonic() < deadline, "serve was not ready in 600 s"
+        time.sleep(0.5)
+    try:
+        _wait_idle(s, 60)
+        s.idle_cpu = min(tree_cpu_rate(proc.pid, 1.0) for _ in range(2))
+        yield s
+    finally:
+        print("\n" + "\n".join(s.figures))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _cancelled(s: Served) -> float:
+    with urllib.request.urlopen(f"http://{s.metrics}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(CANCELLED))
+
+
+def _wait_idle(s: Served, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while engine_gauge(s.metrics) > 0 or engine_gauge(s.metrics, "tritonforge_engine_requests_waiting") > 0:
+        assert time.monotonic() < deadline, (
+            f"the engine did not become idle: running {engine_gauge(s.metrics)}, waiting "
+            f"{engine_gauge(s.metrics, 'tritonforge_engine_requests_waiting')}, server CPU "
+            f"{tree_cpu_rate(s.proc.pid, 0.5):.2f} cores, cancelled {_cancelled(s)}")
+        time.sleep(0.2)
+
+
+def _ttft(s: Served) -> float:
+    """Median time to first token of 5 short requests, measured here (wall clock)."""
+    values = []
+    with Client(s.grpc, model=s.model, timeout=60) as client:
+        for _ in range(5):
+            t0 = time.perf_counter()
+            with client.stream(PROMPT, max_tokens=4, min_tokens=4) as stream:
+                for chunk in stream:
+                    if chunk.tokens:
+                        values.append(time.perf_counter() - t0)
+                        break
+    return statistics.median(values)
+
+
+# -- one drop per client kind: each returns once the stream is under way -------------------
+@dataclass
+class Progress:
+    """A stream's tokens seen so far, and when the first and the last arrived."""
+
+    tokens: int = 0
+    first: float = 0.0
+    last: float = 0.0
+
+    def saw(self, n: int = 1) -> None:
+        now = time.monotonic()
+        if not self.tokens:
+            self.first = now
+        self.tokens += n
+        self.last = now
+
+
+MIN_SEEN = 4  # tokens each stream shows before it is dropped
+
+
+def _infer_request(model: str) -> Any:
+    r = service_pb2.ModelInferRequest(model_name=model)
+    t = r.inputs.add(name="text_input", datatype="BYTES", shape=[1, 1])
+    t.contents.bytes_contents.append(PROMPT.encode())
+    for name in ("max_tokens", "min_tokens"):
+        t = r.inputs.add(name=name, datatype="INT32", shape=[1, 1])
+        t.contents.int_contents.append(LONG)
+    return r
+
+
+def drop_grpc_stream(s: Served, i: int, p: Progress, go: threading.Event) -> None:
+    channel = grpc.insecure_channel(s.grpc)
+    call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+        iter([_infer_request(s.model)]), timeout=600)
+    with contextlib.suppress(grpc.RpcError):
+        for _ in call:
+            p.saw()
+            if p.tokens >= MIN_SEEN:
+                break
+    go.wait()
+    if i % 2:
+        call.cancel()
+    channel.close()  # without a cancel first: the connection just goes
+
+
+def _sse_body() -> bytes:
+    return json.dumps({"text_input": PROMPT, "max_tokens": LONG, "min_tokens": LONG}).encode()
+
+
+def _drop_sse(s: Served, model: str, i: int, p: Progress, go: threading.Event) -> None:
+    host, port = s.http.rsplit(":", 1)
+    body = _sse_body()
+    head = (f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {s.http}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    sock = socket.create_connection((host, int(port)), timeout=120)
+    sock.sendall(head + body)
+    buf = b""
+    while p.tokens < MIN_SEEN:
+        part = sock.recv(65536)
+        assert part, "the server closed the stream"
+        buf += part
+        events = buf.count(b"data: ")  # one SSE event per engine response
+        if events > p.tokens:
+            p.saw(events - p.tokens)
+    go.wait()
+    if i % 2:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+    sock.close()
+
+
+def drop_http_sse(s: Served, i: int, p: Progress, go: threading.Event) -> None:
+    _drop_sse(s, s.model, i, p, go)
+
+
+def drop_bls_sse(s: Served, i: int, p: Progress, go: threading.Event) -> None:
+    _drop_sse(s, MODEL_BLS, i, p, go)
+
+
+def drop_typed(s: Served, i: int, p: Progress, go: threading.Event) -> None:
+    url, protocol = (s.grpc, "grpc") if i % 2 else (s.http, "http")
+    with Client(url, protocol=protocol, model=s.model, timeout=600) as client, \
+            client.stream(PROMPT, max_tokens=LONG, min_tokens=LONG) as stream:
+        for chunk in stream:
+            p.saw(chunk.tokens)
+            if p.tokens >= MIN_SEEN:
+                break
+        go.wait()  # leaving the block with the stream open is the drop
+
+
+def drop_sync_grpc(s: Served, i: int, p: Progress, go: threading.Event) -> None:
+    """Non-streamed: no tokens to see; the engine's running gauge says it is generating."""
+    channel = grpc.insecure_channel(s.grpc)
+    future = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(
+        _infer_request(f"{s.model}_sync"), timeout=600)
+    go.wait()
+    future.cancel()
+    channel.close()
+
+
+_GATEWAY: dict[str, Any] = {}
+_RATE: dict[int, float] = {}  # tokens/s per stream, with n streams at once
+
+
+def drop_gateway(s: Served, i: int, p: Progress, go: threading.Event) -> None:
+    body = {"model": s.model, "prompt": PROMPT, "max_tokens": LONG, "min_tokens": LONG,
+            "stream": True}
+    with httpx.Client(timeout=600) as http, \
+            http.stream("POST", f"{_GATEWAY['url']}/completions", json=body) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if line.startswith("data:") and '"text"' in line:
+                p.saw()
+                if p.tokens >= MIN_SEEN:
+                    break
+        go.wait()  # closing the response closes the connection
+
+
+KINDS: dict[str, Callable[[Served, int, Progress, threading.Event], None]] = {
+    "grpc-stream": drop_grpc_stream,
+    "http-sse": drop_http_sse,
+    "openai-gateway": drop_gateway,
+    "typed-clients": drop_typed,
+    "bls-http-sse": drop_bls_sse,
+    "sync-grpc": drop_sync_grpc,
+}
+
+
+def _measure_rate(s: Served, n: int) -> float:
+    """Tokens/s per stream with ``n`` typed streams at once (for the kind that streams
+    nothing): each reads 3x MIN_SEEN tokens, then leaves."""
+    progress = [Progress() for _ in range(n)]
+    go = threading.Event()
+    go.set()
+    global MIN_SEEN
+    saved, MIN_SEEN = MIN_SEEN, 3 * MIN_SEEN
+    threads = [threading.Thread(target=drop_typed, args=(s, i, progress[i], go)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    MIN_SEEN = saved
+    _wait_idle(s, 30)
+    return statistics.median((p.tokens - 1) / (p.last - p.first) for p in progress if p.last > p.first)
+
+
+@pytest.fixture(scope="module")
+def gateway(served: Served) -> Iterator[str]:
+    with run_gateway_in_thread(served.grpc, served.model) as gw:
+        _GATEWAY["url"] = gw.url
+        yield gw.url
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_dropped_streams_stop_the_engine(served: Served, gateway: str, kind: str) -> None:
+    s = served
+    _wait_idle(s, 120)
+    if kind == "sync-grpc":  # it streams nothing: bound its progress by one lone stream's rate
+        _RATE[1] = _measure_rate(s, 1)
+    idle_ttft = _ttft(s)  # the baseline, in the same conditions as the follow-up
+    cancelled_before = _cancelled(s)
+    progress = [Progress() for _ in range(N)]
+    go = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            KINDS[kind](s, i, progress[i], go)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            go.wait()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(N)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    deadline = started + 180
+    # Under way: every stream showed tokens (the non-streamed kind: vLLM's scheduler runs them).
+    while True:
+        streaming = all(p.tokens >= MIN_SEEN for p in progress)
+        if kind == "sync-grpc":  # Triton queues what its instances cannot take yet
+            streaming = engine_gauge(s.metrics) >= 1 and time.monotonic() - started > 2
+        if streaming or errors:
+            break
+        assert time.monotonic() < deadline, f"{kind}: streams not under way: {[p.tokens for p in progress]}"
+        time.sleep(0.05)
+    assert not errors, errors
+    busy = tree_cpu_rate(s.proc.pid, 1.0)
+    # Would the streams still be generating at the check, uncancelled? Per-stream rate from
+    # what arrived (the non-streamed kind: from the typed-client kind's rate, same load).
+    rates = [(p.tokens - 1) / (p.last - p.first) for p in progress if p.tokens > 1 and p.last > p.first]
+    in_engine = int(engine_gauge(s.metrics)) if kind == "sync-grpc" else N
+    rate = statistics.median(rates) if rates else _RATE[1]
+    assert rate > 0, "no token rate measured"
+    seen = max((p.tokens for p in progress), default=0) if rates else int(rate * (time.monotonic() - started))
+    remaining_s = (LONG - seen) / rate
+    assert remaining_s > 4 * CHECK, f"{kind}: streams would end by themselves ({remaining_s:.1f} s left)"
+
+    go.set()
+    t_drop = time.monotonic()
+    idle_at = None
+    while time.monotonic() - t_drop < CHECK:
+        cpu = tree_cpu_rate(s.proc.pid, 0.5)
+        if cpu <= s.idle_cpu + IDLE_MARGIN:
+            idle_at = time.monotonic() - t_drop
+            break
+    for t in threads:
+        t.join(30)
+    assert idle_at is not None, (f"{kind}: the server still used {cpu:.2f} cores {CHECK:.0f} s after "
+                                 f"{N} drops (idle {s.idle_cpu:.2f}, busy {busy:.2f})")
+    deadline = time.monotonic() + 10
+    while _cancelled(s) - cancelled_before < N and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rose = _cancelled(s) - cancelled_before
+    assert rose == N, f"{kind}: cancelled finishes rose by {rose}, not {N}"
+    _wait_idle(s, 10)  # vLLM's own scheduler: nothing running or waiting
+    ttft = _ttft(s)
+    s.figures.append(f"drops {kind:15s}: {N} dropped ({in_engine} in the engine) at ~{seen} tokens ({rate:.1f} tok/s each, "
+                     f"{remaining_s:.0f} s of generation left); server CPU {busy:.2f} -> idle "
+                     f"({s.idle_cpu:.2f}) within {idle_at:.2f} s; TTFT after {ttft * 1000:.0f} ms "
+                     f"(idle {idle_ttft * 1000:.0f} ms)")
+    assert ttft <= 1.5 * idle_ttft + 0.02, (kind, ttft, idle_ttft)
+
+
+
+def test_sigterm_under_load_ends_every_stream_and_exits_cleanly(served: Served) -> None:
+    s = served
+    _wait_idle(s, 120)
+    outcome: list[str] = []
+    seen = threading.Barrier(N + 1)
+
+    def one(i: int) -> None:
+        url, protocol = (s.grpc, "grpc") if i % 2 else (s.http, "http")
+        try:
+            with Client(url, protocol=protocol, model=s.model, timeout=120) as client, \
+                    client.stream(PROMPT, max_tokens=LONG, min_tokens=LONG) as stream:
+                for n, _ in enumerate(stream):
+                    if n == 1:
+                        seen.wait(60)
+            outcome.append("finished")
+        except (ModelNotReady, ServerUnavailable) as exc:
+            outcome.append(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcome.append(f"unexpected {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(N)]
+    for t in threads:
+        t.start()
+    seen.wait(120)
+    tree = [s.proc.pid, *descendants(s.proc.pid)]
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    s.proc.wait(30)
+    took = time.monotonic() - t0
+    for t in threads:
+        t.join(30)
+    out = s.proc.stdout.read() if s.proc.stdout else ""
+    survivors = [pid for pid in tree if Path(f"/proc/{pid}").exists()
+                 and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    log = s.log.read_text(errors="replace")
+    s.figures.append(f"SIGTERM with {N} live streams: serve exited in {took:.1f} s ({out.strip().splitlines()[-1]!r}); "
+                     f"streams: {sorted({o.split(':')[0] for o in outcome})}")
+    assert "tritonserver exit code 0" in out, out[-2000:]
+    assert took <= 10.0, took
+    assert "in-flight inferences" not in log
+    assert not survivors, f"processes left after serve exited: {survivors}"
+    assert len(outcome) == N and all(o.startswith(("ModelNotReady", "ServerUnavailable")) for o in outcome), outcome
+    assert any("shutting down" in o for o in outcome), outcome
