@@ -171,6 +171,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # end_id / EOS or a stop word
     LENGTH = "length"  # max_tokens (or the context) reached
     CANCELLED = "cancelled"  # the client cancelled the request
+    ERROR = "error"  # engine-internal: failed after streaming; its ``error`` output says why
 
 
 # ----------------------------------------------------------------------------------------
@@ -559,7 +560,18 @@ ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
     Tensor("request_key", DType.UINT64, (1,), False,
            "The engine's own key of the request (see engine_request_id)."),
+    Tensor("error", DType.STRING, (1,), False,
+           "Empty, or on a last response with finish_reason 'error': the tagged error "
+           "(format_error) of a request that failed after it had streamed."),
 )
+
+# Why a request that has already streamed fails in-band (a final response carrying
+# ``error``) rather than with an error response: Triton 2.51's ensemble scheduler stops
+# counting a request's in-flight steps once one step has answered an error, so an engine
+# error that overtakes the postprocessing of its previous response leaves the ensemble
+# request in flight for ever (fixed upstream in triton-inference-server/core PR #466, 2026).
+# Postprocessing, the last step, turns ``error`` into the error response; a stream that was
+# cancelled ends with a plain final response (finish_reason "cancelled") for the same reason.
 
 
 # The environment variable naming the drain file: when it appears, tritonforge's engine
@@ -641,6 +653,7 @@ POSTPROCESSING_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("engine_finish_reason", DType.STRING, (1,), True),
     Tensor("engine_num_input_tokens", DType.INT32, (1,), True),
     Tensor("engine_request_key", DType.UINT64, (1,), True),
+    Tensor("engine_error", DType.STRING, (1,), True),
 )
 POSTPROCESSING_OUTPUTS: Final[tuple[Tensor, ...]] = ENSEMBLE_OUTPUTS
 
@@ -654,6 +667,7 @@ POSTPROCESSING_SOURCES: Final[dict[str, tuple[str, str]]] = {
     "engine_finish_reason": ("engine", "finish_reason"),
     "engine_num_input_tokens": ("engine", "num_input_tokens"),
     "engine_request_key": ("engine", "request_key"),
+    "engine_error": ("engine", "error"),
 }
 
 

@@ -240,6 +240,19 @@ def serve(
         while not stop.is_set():
             if server.process is None or server.process.poll() is not None:
                 raise _fail(f"tritonserver exited unexpectedly.\n{server.log_tail()}")
+            if server.engines_up() is False:
+                # Triton 2.51 cannot mark a Python model not ready: restart the server. Its
+                # health endpoint fails from the stop on, and clients see ServerUnavailable.
+                con.print("[bold red]the inference engine died[/]: restarting tritonserver")
+                server.stop()
+                try:
+                    server.start()
+                    waited = server.wait_ready(ready_timeout, on_tick=lambda s: _tick(None, s, stop))
+                except (ServerError, KeyboardInterrupt) as exc:
+                    if stop.is_set():
+                        break
+                    raise _fail(f"restart failed: {exc}") from None
+                con.print(f"[bold green]ready again[/] in {waited:.1f} s")
             stop.wait(0.5)
     finally:
         if gateway is not None:
@@ -255,7 +268,8 @@ def serve(
 def _tick(status: Any, seconds: float, stop: threading.Event) -> None:
     if stop.is_set():
         raise KeyboardInterrupt
-    status.update(f"starting tritonserver ... {seconds:.0f} s")
+    if status is not None:
+        status.update(f"starting tritonserver ... {seconds:.0f} s")
 
 
 def _ask(url: str, model: str, prompt: str, max_tokens: int) -> None:

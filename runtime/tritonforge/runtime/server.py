@@ -55,6 +55,7 @@ RESTRICTED_HEADER = "admin-key"
 RESTRICTED_GROUPS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
 # How long a Python-backend stub may take to answer at start-up (see Server.command).
 STUB_TIMEOUT_SECONDS = 600
+ENGINE_UP_METRIC = "tritonforge_engine_up"  # triton_models.metrics.ENGINE_UP
 # After the drain file is written: how long the engine models get to end their requests.
 DRAIN_SECONDS = 0.5
 # How long Triton waits for in-flight requests at SIGTERM (after the drain, none are left).
@@ -296,6 +297,18 @@ class TritonServer:
             if on_tick:
                 on_tick(elapsed)
             time.sleep(0.25)
+
+    def engines_up(self) -> bool | None:
+        """False when an engine model reports its engine dead (``tritonforge_engine_up`` 0 on
+        the metrics endpoint); None when that cannot be read."""
+        try:
+            with urllib.request.urlopen(f"http://{self.options.metrics_url}/metrics", timeout=2) as r:
+                text = r.read().decode("utf-8", "replace")
+        except (urllib.error.URLError, OSError):
+            return None
+        values = [line.rsplit(" ", 1)[1] for line in text.splitlines()
+                  if line.startswith(ENGINE_UP_METRIC + "{")]
+        return all(float(v) > 0 for v in values)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -204,6 +204,11 @@ class TritonPythonModel:
                     continue  # an empty final response
                 if not live.key and "request_key" in tensors:
                     live.key = int(tensors["request_key"].reshape(-1)[0])
+                error = triton_io.string_input(tensors.get("error"))
+                if error:  # failed after streaming (the engine reports it in-band)
+                    send(None, triton_io.tagged_error_response(error))
+                    sent_final = True
+                    break
                 post_in = {
                     "output_ids": tensors["output_ids"],
                     "sequence_length": tensors.get("sequence_length"),

@@ -34,6 +34,7 @@ scheduler's own report (vLLM's stat loggers), not a count kept by tritonforge:
 ``tritonforge_engine_kv_cache_usage_ratio``            gauge      0..1
 ``tritonforge_engine_requests_finished_total``         counter    + ``finish_reason``
 ``tritonforge_engine_abort_failures_total``            counter
+``tritonforge_engine_up``                              gauge      1, 0 once the engine died
 ====================================================  =========  ====================
 """
 
@@ -53,6 +54,7 @@ __all__ = [
     "E2E_BUCKETS",
     "E2E_LATENCY",
     "ENGINE_METRIC_NAMES",
+    "ENGINE_UP",
     "GENERATION_TOKENS",
     "HISTOGRAMS",
     "KV_CACHE_USAGE",
@@ -77,6 +79,7 @@ REQUESTS_WAITING: Final = "tritonforge_engine_requests_waiting"
 KV_CACHE_USAGE: Final = "tritonforge_engine_kv_cache_usage_ratio"
 REQUESTS_FINISHED: Final = "tritonforge_engine_requests_finished_total"
 ABORT_FAILURES: Final = "tritonforge_engine_abort_failures_total"
+ENGINE_UP: Final = "tritonforge_engine_up"
 
 TTFT_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
@@ -96,7 +99,7 @@ HISTOGRAMS: Final[dict[str, tuple[float, ...]]] = {
     E2E_LATENCY: E2E_BUCKETS,
 }
 _COUNTERS: Final = (PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS_FINISHED, ABORT_FAILURES)
-_GAUGES: Final = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE)
+_GAUGES: Final = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE, ENGINE_UP)
 
 #: Every series name a scrape shows for these metrics (histograms expanded).
 ENGINE_METRIC_NAMES: Final[frozenset[str]] = frozenset(
@@ -116,6 +119,7 @@ _DESCRIPTIONS: Final = {
     KV_CACHE_USAGE: "Fraction of the engine's KV cache in use (0..1).",
     REQUESTS_FINISHED: "Requests finished by the engine, by finish reason.",
     ABORT_FAILURES: "Aborts the engine refused (it may still be generating for the request).",
+    ENGINE_UP: "1 while the inference engine can serve; 0 once it has died (restart the server).",
 }
 
 _Labels = dict[str, str]
@@ -327,7 +331,7 @@ class EngineMetrics:
         for name in (PROMPT_TOKENS, GENERATION_TOKENS, ABORT_FAILURES):
             self._increment(name, 0, allow_zero=True)
         for name in _GAUGES:
-            self._set(name, 0.0)
+            self._set(name, 1.0 if name == ENGINE_UP else 0.0)
         for reason in FinishReason:
             if reason.value:
                 self.add_request_finished(reason.value, _count=0)
@@ -365,6 +369,9 @@ class EngineMetrics:
     def add_request_finished(self, finish_reason: str, _count: int = 1) -> None:
         reason = str(finish_reason) or "unknown"
         self._increment(REQUESTS_FINISHED, _count, {"finish_reason": reason}, allow_zero=True)
+
+    def set_engine_up(self, up: bool) -> None:
+        self._set(ENGINE_UP, 1.0 if up else 0.0)
 
     def add_abort_failure(self) -> None:
         self._increment(ABORT_FAILURES, 1)

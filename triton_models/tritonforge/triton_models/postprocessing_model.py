@@ -7,26 +7,29 @@ engine's next response. So this model is configured without a dynamic batcher (w
 drop a cancelled request before ``execute`` sees it), and on a cancelled request it sends the
 engine model the contract's ``stop`` for that engine request (``contract.engine_request_id``
 of the key the engine returned; the client's request id where the engine sends no key, as
-the TensorRT-LLM C++ backend does), answers CANCELLED and drops the request's state. Works
+the TensorRT-LLM C++ backend does), drops the request's state and answers a final-looking
+response (finish_reason "cancelled") -- not an error: in Triton 2.51 a step's error while
+the engine step is still in flight leaves the ensemble request in flight for ever (see
+``contract.ENGINE_EXTRA_OUTPUTS``). For the same reason the engine reports a failure after
+streaming in-band (its ``error`` output), and this model, the last step, turns it into the
+error response. Works
 for every client: a gRPC stream cancelled or whose channel closed, an HTTP client that
 disconnected (Triton's HTTP frontend cancels the request), the typed clients.
 """
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tritonforge.contract import POSTPROCESSING_INPUTS, ErrorKind, Param, engine_request_id
+import numpy as np
+from tritonforge.contract import POSTPROCESSING_INPUTS, FinishReason, Param, engine_request_id
 from tritonforge.triton_models import triton_io
 from tritonforge.triton_models.detokenize import make_decoder
 from tritonforge.triton_models.postprocess import Postprocessor
 from tritonforge.triton_models.preprocess import load_tokenizer
 
 __all__ = ["TritonPythonModel"]
-
-log = logging.getLogger("tritonforge.postprocessing")
 
 
 class TritonPythonModel:
@@ -51,7 +54,12 @@ class TritonPythonModel:
         self.post.forget(inputs, request.request_id())
         if self.engine and target:
             self.stops.submit(triton_io.send_stop, self.engine, target)
-        return triton_io.error_response(ErrorKind.CANCELLED, "request cancelled")
+        return triton_io.make_response({
+            "text_output": np.array([[b""]], dtype=object),
+            "finish_reason": np.array([[FinishReason.CANCELLED.value.encode()]], dtype=object),
+            "num_input_tokens": np.array([[-1]], dtype=np.int32),
+            "num_output_tokens": np.array([[0]], dtype=np.int32),
+        })
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
@@ -61,6 +69,11 @@ class TritonPythonModel:
                     responses.append(self._cancelled(request))
                     continue
                 inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
+                error = triton_io.string_input(inputs.get("engine_error"))
+                if error:  # the engine failed after streaming: answer its error, last
+                    self.post.forget(inputs, request.request_id())
+                    responses.append(triton_io.tagged_error_response(error))
+                    continue
                 result = self.post.process(inputs, request.request_id())
                 responses.append(triton_io.make_response(result.arrays()))
             except Exception as exc:

@@ -24,6 +24,8 @@ __all__ = [
     "request_parameters",
     "send_stop",
     "stop_request",
+    "string_input",
+    "tagged_error_response",
     "triton_error",
 ]
 
@@ -120,3 +122,21 @@ def send_stop(model: str, request_id: str) -> bool:
     except Exception:
         logging.getLogger("tritonforge.stop").exception("stop of %s on %s failed", request_id, model)
         return False
+
+
+def string_input(arr: np.ndarray | None) -> str:
+    """The first element of a STRING tensor as text ("" when absent or empty)."""
+    if arr is None or arr.size == 0:
+        return ""
+    v = arr.reshape(-1)[0]
+    return bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+def tagged_error_response(message: str) -> Any:
+    """The error response for a message ``contract.format_error`` wrote (an engine's
+    in-band ``error``), with its kind's code; untagged text is an engine failure."""
+    info = parse_error(message)
+    if info is None:
+        return error_response(ErrorKind.ENGINE_FAILURE, message)
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, info.kind.triton_code)))

@@ -173,13 +173,15 @@ class StopMatcher:
 
 def engine_outputs(
     ids: list[int], finish: str, n_input: int, logprobs: list[float] | None = None,
-    key: int = 0,
+    key: int = 0, error: str = "",
 ) -> dict[str, np.ndarray]:
     """The engine contract's outputs for one response (one beam); ``key`` is the engine's
-    own key of the request (``contract.engine_request_id``)."""
+    own key of the request (``contract.engine_request_id``), ``error`` the tagged error of a
+    request that fails after it has streamed (see ``contract.ENGINE_EXTRA_OUTPUTS``)."""
     lp = logprobs if logprobs is not None else [0.0] * len(ids)
     return {
         "request_key": np.array([[key]], dtype=np.uint64),
+        "error": np.array([[error.encode()]], dtype=object),
         "num_input_tokens": np.array([[n_input]], dtype=np.int32),
         "output_ids": np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids)),
         "sequence_length": np.array([[len(ids)]], dtype=np.int32),

@@ -48,7 +48,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from tritonforge.contract import DRAIN_FILE_ENV, ErrorKind, FinishReason, engine_request_id
+from tritonforge.contract import (
+    DRAIN_FILE_ENV,
+    ErrorKind,
+    FinishReason,
+    engine_request_id,
+    format_error,
+)
 from tritonforge.triton_models.engine.request import EngineRequest, StopMatcher, engine_outputs
 from tritonforge.triton_models.errors import ModelError
 
@@ -62,6 +68,7 @@ EARLY_STOP_MAX = 4096
 # request (a busy engine reports after every step, well under a second apart).
 IDLE_AFTER_SECONDS = 5.0
 SHUTTING_DOWN = "server is shutting down"
+ENGINE_DIED = "the inference engine has died; the server must be restarted"
 
 
 @dataclass
@@ -114,6 +121,7 @@ class _Metrics(Protocol):
     def set_kv_cache_usage(self, fraction: float) -> None: ...
     def add_request_finished(self, finish_reason: str) -> None: ...
     def add_abort_failure(self) -> None: ...
+    def set_engine_up(self, up: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,7 @@ class EngineRunner:
         self._key_base = (int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF) << 32
         self._ids = itertools.count(1)
         self._draining = False
+        self._dead = False
         self._drain_file = os.environ.get(DRAIN_FILE_ENV) or None
         self._gauges: tuple[float, float, float] | None = None
         self._live: dict[int, _Live] = {}
@@ -234,6 +243,8 @@ class EngineRunner:
 
     async def _abort(self, engine_id: str) -> bool:
         """Abort in the engine; a failure is logged and counted, never hidden."""
+        if self._dead:
+            return False  # the request went with the engine
         try:
             await self.adapter.abort(engine_id)
             return True
@@ -325,11 +336,33 @@ class EngineRunner:
         self.metrics.set_waiting(int(values[1]))
         self.metrics.set_kv_cache_usage(values[2])
 
+    @staticmethod
+    def _fail(responder: Responder, kind: ErrorKind, message: str, param: str | None = None, *,
+              streamed: bool, key: int, n_in: int) -> None:
+        """Answer a request that ends without its output: an error response while nothing has
+        been sent; once it has streamed, a final response -- finish_reason "cancelled", or
+        "error" with the tagged error in ``error`` -- so that the error is the ensemble's last
+        step (see ``contract.ENGINE_EXTRA_OUTPUTS``)."""
+        if not streamed:
+            responder.send_error(kind, message, param)
+        elif kind is ErrorKind.CANCELLED:
+            responder.send(engine_outputs([], FinishReason.CANCELLED.value, n_in, key=key), final=True)
+        else:
+            responder.send(engine_outputs([], FinishReason.ERROR.value, n_in, key=key,
+                                          error=format_error(kind, message, param)), final=True)
+
     async def _watch_cancellations(self) -> None:
         while True:
             await asyncio.sleep(self.cancel_poll_seconds)
             if not self._draining and self._drain_file and os.path.exists(self._drain_file):
                 await self._drain()
+            if not self._dead and getattr(self.adapter, "dead", False):
+                self._dead = True
+                log.error("the inference engine has died: every request is refused from now on")
+                if self.metrics is not None:
+                    self.metrics.set_engine_up(False)
+                for live in list(self._live.values()):
+                    self._cancel(live, ErrorKind.NOT_READY, ENGINE_DIED)
             self._update_gauges()
             for live in list(self._live.values()):
                 if live.cancelled:
@@ -357,9 +390,10 @@ class EngineRunner:
         eos = self.adapter.eos_token_id
         pending: list[int] = list(req.input_ids) if not req.exclude_input_in_output else []
         pending_lp: list[float] = [0.0] * len(pending)
+        streamed = False  # whether a response has gone out (then failures are answered in-band)
         try:
-            if self._draining:
-                self._cancel(live, ErrorKind.NOT_READY, SHUTTING_DOWN)
+            if self._draining or self._dead:
+                self._cancel(live, ErrorKind.NOT_READY, SHUTTING_DOWN if self._draining else ENGINE_DIED)
                 raise asyncio.CancelledError  # answered below; never reaches the engine
             if self.max_queue_size is not None:
                 queued = sum(1 for lv in self._live.values() if not lv.started and lv is not live)
@@ -404,11 +438,12 @@ class EngineRunner:
                     responder.send(engine_outputs(pending, "", n_in, pending_lp if req.return_log_probs else None,
                                                   key), final=False)
                     pending, pending_lp = [], []
+                    streamed = True
                 self._update_gauges()
             if live.cancelled:
                 await self._abort(engine_id)
                 finish = FinishReason.CANCELLED.value
-                responder.send_error(live.cancel_kind, live.cancel_message)
+                self._fail(responder, live.cancel_kind, live.cancel_message, streamed=streamed, key=key, n_in=n_in)
             else:
                 if not finish:
                     finish = FinishReason.LENGTH.value if generated >= req.max_tokens else FinishReason.STOP.value
@@ -416,12 +451,12 @@ class EngineRunner:
                                               key), final=True)
         except ModelError as exc:
             finish = "error"
-            responder.send_error(exc.kind, str(exc), exc.param)
+            self._fail(responder, exc.kind, str(exc), exc.param, streamed=streamed, key=key, n_in=n_in)
         except asyncio.CancelledError:
             await self._abort(engine_id)
             finish = FinishReason.CANCELLED.value
             with contextlib.suppress(Exception):
-                responder.send_error(live.cancel_kind, live.cancel_message)
+                self._fail(responder, live.cancel_kind, live.cancel_message, streamed=streamed, key=key, n_in=n_in)
             if not live.cancelled:  # the runner is shutting down, not a client cancel
                 raise
         except Exception as exc:  # engine failure: answer, keep serving
@@ -429,7 +464,8 @@ class EngineRunner:
             finish = "error"
             await self._abort(engine_id)
             with contextlib.suppress(Exception):
-                responder.send_error(ErrorKind.ENGINE_FAILURE, f"engine error: {exc}")
+                self._fail(responder, ErrorKind.ENGINE_FAILURE, f"engine error: {exc}", streamed=streamed,
+                           key=key, n_in=n_in)
         finally:
             self._live.pop(key, None)
             done = time.monotonic()
