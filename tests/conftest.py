@@ -8,7 +8,10 @@ key.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -136,6 +139,75 @@ def wait_engine_gauge(
         time.sleep(0.1)
         value = engine_gauge(metrics_url, name)
     return value
+
+
+@dataclass
+class ServeProcess:
+    """``tritonforge serve`` of the default repository, run as a user runs it (a subprocess)."""
+
+    proc: subprocess.Popen[str]
+    http_url: str
+    grpc_url: str
+    metrics_url: str
+    model: str
+    log: Path
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def wait_metrics(self, seconds: float = 30) -> None:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{self.metrics_url}/metrics", timeout=2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def wait_ready(self, seconds: float = 600) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.ready():
+            if self.proc.poll() is not None:
+                out = self.proc.stdout.read() if self.proc.stdout else ""
+                raise RuntimeError(f"serve exited early:\n{out}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"serve was not ready in {seconds:.0f} s")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@contextlib.contextmanager
+def serve_process(log: Path) -> Iterator[ServeProcess]:
+    """Start ``tritonforge serve`` on free loopback ports; stop it (SIGINT) afterwards."""
+    from tritonforge.runtime.server import free_port
+
+    ports = [free_port() for _ in range(3)]
+    proc = subprocess.Popen(
+        [str(ROOT / ".venv" / "bin" / "tritonforge"), "serve", "--http-port", str(ports[0]),
+         "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--log-file", str(log)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )
+    s = ServeProcess(proc, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}",
+                     f"127.0.0.1:{ports[2]}", _default_model_name(), log)
+    try:
+        s.wait_ready()
+        s.wait_metrics()
+        yield s
+    finally:
+        s.stop()
 
 
 def descendants(pid: int) -> list[int]:

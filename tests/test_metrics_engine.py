@@ -34,7 +34,8 @@ def test_every_series_exists_at_zero_before_first_request() -> None:
     samples = EngineMetrics("e").samples()
     names = {name for name, _ in samples}
     assert names == m.ENGINE_METRIC_NAMES
-    assert all(v == 0.0 for v in samples.values())
+    # Everything starts at zero, but the engine is up (1) until it dies.
+    assert all(v == (1.0 if name == m.ENGINE_UP else 0.0) for (name, _), v in samples.items())
     for _, labels in samples:
         d = dict(labels)
         assert d["model"] == "e" and d["version"] == "1"

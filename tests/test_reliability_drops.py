@@ -32,7 +32,6 @@ import signal
 import socket
 import statistics
 import struct
-import subprocess
 import threading
 import time
 import urllib.request
@@ -44,16 +43,14 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from conftest import ROOT, _default_model_name, descendants, engine_gauge, tree_cpu_rate
+from conftest import ServeProcess, descendants, engine_gauge, serve_process, tree_cpu_rate
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonforge.clients import Client, ModelNotReady, ServerUnavailable
 from tritonforge.contract import MODEL_BLS
 from tritonforge.gateway import run_gateway_in_thread
-from tritonforge.runtime.server import free_port
 
 pytestmark = pytest.mark.server
 
-TRITONFORGE = str(ROOT / ".venv" / "bin" / "tritonforge")
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 LONG = 1500  # min_tokens = max_tokens: no stream ends by itself during a test
 N = 8  # streams dropped per client kind
@@ -64,66 +61,40 @@ CANCELLED = 'tritonforge_engine_requests_finished_total{finish_reason="cancelled
 
 @dataclass
 class Served:
-    proc: subprocess.Popen[str]
-    http: str
-    grpc: str
-    metrics: str
-    model: str
-    log: Path
+    """The module's ``serve`` and what the tests measured of it."""
+
+    sp: ServeProcess
     idle_cpu: float = 0.0
     figures: list[str] = field(default_factory=list)
 
-
-def _ready(http: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sp, name)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    ports = [free_port() for _ in range(3)]
-    log = tmp_path_factory.mktemp("drops") / "tritonserver.log"
-    proc = subprocess.Popen(
-        [TRITONFORGE, "serve", "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-         "--metrics-port", str(ports[2]), "--log-file", str(log)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-    )
-    s = Served(proc, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}",
-               _default_model_name(), log)
-    deadline = time.monotonic() + 600
-    while not _ready(s.http):
-        assert proc.poll() is None, f"serve exited early:\n{proc.stdout.read() if proc.stdout else ''}"
-        assert time.monotonic() < deadline, "serve was not ready in 600 s"
-        time.sleep(0.5)
-    try:
-        _wait_idle(s, 60)
-        s.idle_cpu = min(tree_cpu_rate(proc.pid, 1.0) for _ in range(2))
-        yield s
-    finally:
-        print("\n" + "\n".join(s.figures))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with serve_process(tmp_path_factory.mktemp("drops") / "tritonserver.log") as sp:
+        s = Served(sp)
+        try:
+            _wait_idle(s, 60)
+            s.idle_cpu = min(tree_cpu_rate(sp.proc.pid, 1.0) for _ in range(2))
+            yield s
+        finally:
+            print("\n" + "\n".join(s.figures))
 
 
 def _cancelled(s: Served) -> float:
-    with urllib.request.urlopen(f"http://{s.metrics}/metrics", timeout=5) as reply:
+    with urllib.request.urlopen(f"http://{s.metrics_url}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(CANCELLED))
 
 
 def _wait_idle(s: Served, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    while engine_gauge(s.metrics) > 0 or engine_gauge(s.metrics, "tritonforge_engine_requests_waiting") > 0:
+    while engine_gauge(s.metrics_url) > 0 or engine_gauge(s.metrics_url, "tritonforge_engine_requests_waiting") > 0:
         assert time.monotonic() < deadline, (
-            f"the engine did not become idle: running {engine_gauge(s.metrics)}, waiting "
-            f"{engine_gauge(s.metrics, 'tritonforge_engine_requests_waiting')}, server CPU "
+            f"the engine did not become idle: running {engine_gauge(s.metrics_url)}, waiting "
+            f"{engine_gauge(s.metrics_url, 'tritonforge_engine_requests_waiting')}, server CPU "
             f"{tree_cpu_rate(s.proc.pid, 0.5):.2f} cores, cancelled {_cancelled(s)}")
         time.sleep(0.2)
 
@@ -131,7 +102,7 @@ def _wait_idle(s: Served, seconds: float) -> None:
 def _ttft(s: Served) -> float:
     """Median time to first token of 5 short requests, measured here (wall clock)."""
     values = []
-    with Client(s.grpc, model=s.model, timeout=60) as client:
+    with Client(s.grpc_url, model=s.model, timeout=60) as client:
         for _ in range(5):
             t0 = time.perf_counter()
             first = None
@@ -175,7 +146,7 @@ def _infer_request(model: str) -> Any:
 
 
 def drop_grpc_stream(s: Served, i: int, p: Progress, go: threading.Event) -> None:
-    channel = grpc.insecure_channel(s.grpc)
+    channel = grpc.insecure_channel(s.grpc_url)
     call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
         iter([_infer_request(s.model)]), timeout=600)
     with contextlib.suppress(grpc.RpcError):
@@ -194,9 +165,9 @@ def _sse_body() -> bytes:
 
 
 def _drop_sse(s: Served, model: str, i: int, p: Progress, go: threading.Event) -> None:
-    host, port = s.http.rsplit(":", 1)
+    host, port = s.http_url.rsplit(":", 1)
     body = _sse_body()
-    head = (f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {s.http}\r\n"
+    head = (f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {s.http_url}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     sock = socket.create_connection((host, int(port)), timeout=120)
     sock.sendall(head + body)
@@ -223,7 +194,7 @@ def drop_bls_sse(s: Served, i: int, p: Progress, go: threading.Event) -> None:
 
 
 def drop_typed(s: Served, i: int, p: Progress, go: threading.Event) -> None:
-    url, protocol = (s.grpc, "grpc") if i % 2 else (s.http, "http")
+    url, protocol = (s.grpc_url, "grpc") if i % 2 else (s.http_url, "http")
     with Client(url, protocol=protocol, model=s.model, timeout=600) as client, \
             client.stream(PROMPT, max_tokens=LONG, min_tokens=LONG) as stream:
         for chunk in stream:
@@ -235,7 +206,7 @@ def drop_typed(s: Served, i: int, p: Progress, go: threading.Event) -> None:
 
 def drop_sync_grpc(s: Served, i: int, p: Progress, go: threading.Event) -> None:
     """Non-streamed: no tokens to see; the engine's running gauge says it is generating."""
-    channel = grpc.insecure_channel(s.grpc)
+    channel = grpc.insecure_channel(s.grpc_url)
     future = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(
         _infer_request(f"{s.model}_sync"), timeout=600)
     go.wait()
@@ -272,8 +243,8 @@ KINDS: dict[str, Callable[[Served, int, Progress, threading.Event], None]] = {
 
 
 def _measure_rate(s: Served, n: int) -> float:
-    """Tokens/s per stream with ``n`` typed streams at once (for the kind that streams
-    nothing): each reads 3x MIN_SEEN tokens, then leaves."""
+    """Tokens/s per stream with ``n`` typed streams at once: each reads 3x MIN_SEEN tokens,
+    then leaves."""
     progress = [Progress() for _ in range(n)]
     go = threading.Event()
     go.set()
@@ -291,7 +262,7 @@ def _measure_rate(s: Served, n: int) -> float:
 
 @pytest.fixture(scope="module")
 def gateway(served: Served) -> Iterator[str]:
-    with run_gateway_in_thread(served.grpc, served.model) as gw:
+    with run_gateway_in_thread(served.grpc_url, served.model) as gw:
         _GATEWAY["url"] = gw.url
         yield gw.url
 
@@ -300,7 +271,7 @@ def gateway(served: Served) -> Iterator[str]:
 def test_dropped_streams_stop_the_engine(served: Served, gateway: str, kind: str) -> None:
     s = served
     _wait_idle(s, 120)
-    if kind == "sync-grpc":  # it streams nothing: bound its progress by one lone stream's rate
+    if 1 not in _RATE:  # the fastest a stream can go: one alone on the server
         _RATE[1] = _measure_rate(s, 1)
     idle_ttft = _ttft(s)  # the baseline, in the same conditions as the follow-up
     cancelled_before = _cancelled(s)
@@ -324,25 +295,21 @@ def test_dropped_streams_stop_the_engine(served: Served, gateway: str, kind: str
     while True:
         streaming = all(p.tokens >= MIN_SEEN for p in progress)
         if kind == "sync-grpc":  # Triton queues what its instances cannot take yet
-            streaming = engine_gauge(s.metrics) >= 1 and time.monotonic() - started > 2
+            streaming = engine_gauge(s.metrics_url) >= 1 and time.monotonic() - started > 2
         if streaming or errors:
             break
         assert time.monotonic() < deadline, f"{kind}: streams not under way: {[p.tokens for p in progress]}"
         time.sleep(0.05)
     assert not errors, errors
     busy = tree_cpu_rate(s.proc.pid, 1.0)
-    # Would the streams still be generating at the check, uncancelled? Per-stream rate from
-    # what arrived (the non-streamed kind: from the typed-client kind's rate, same load).
-    rates = [(p.tokens - 1) / (p.last - p.first) for p in progress if p.tokens > 1 and p.last > p.first]
-    in_engine = int(engine_gauge(s.metrics)) if kind == "sync-grpc" else N
-    rate = statistics.median(rates) if rates else _RATE[1]
-    assert rate > 0, "no token rate measured"
-    seen = max((p.tokens for p in progress), default=0) if rates else int(rate * (time.monotonic() - started))
-    remaining_s = (LONG - seen) / rate
-    assert remaining_s > 4 * CHECK, f"{kind}: streams would end by themselves ({remaining_s:.1f} s left)"
-
+    in_engine = int(engine_gauge(s.metrics_url)) if kind == "sync-grpc" else N
     go.set()
     t_drop = time.monotonic()
+    # Would the streams still be generating at the check, uncancelled? Not one of them can
+    # have gone faster than a stream alone on the server since it was sent.
+    seen = _RATE[1] * (t_drop - started)
+    remaining_s = (LONG - seen) / _RATE[1]
+    assert remaining_s > 4 * CHECK, f"{kind}: streams could end by themselves ({remaining_s:.1f} s left)"
     idle_at = None
     while time.monotonic() - t_drop < CHECK:
         cpu = tree_cpu_rate(s.proc.pid, 0.5)
@@ -360,8 +327,9 @@ def test_dropped_streams_stop_the_engine(served: Served, gateway: str, kind: str
     assert rose == N, f"{kind}: cancelled finishes rose by {rose}, not {N}"
     _wait_idle(s, 10)  # vLLM's own scheduler: nothing running or waiting
     ttft = _ttft(s)
-    s.figures.append(f"drops {kind:15s}: {N} dropped ({in_engine} in the engine) at ~{seen} tokens ({rate:.1f} tok/s each, "
-                     f"{remaining_s:.0f} s of generation left); server CPU {busy:.2f} -> idle "
+    s.figures.append(f"drops {kind:15s}: {N} dropped ({in_engine} in the engine) after {t_drop - started:.1f} s "
+                     f"(at most {seen:.0f} tokens at {_RATE[1]:.0f} tok/s: >= {remaining_s:.0f} s of "
+                     f"generation left); server CPU {busy:.2f} -> idle "
                      f"({s.idle_cpu:.2f}) within {idle_at:.2f} s; TTFT after {ttft * 1000:.0f} ms "
                      f"(idle {idle_ttft * 1000:.0f} ms)")
     assert ttft <= 1.5 * idle_ttft + 0.02, (kind, ttft, idle_ttft)
@@ -375,7 +343,7 @@ def test_sigterm_under_load_ends_every_stream_and_exits_cleanly(served: Served) 
     seen = threading.Barrier(N + 1)
 
     def one(i: int) -> None:
-        url, protocol = (s.grpc, "grpc") if i % 2 else (s.http, "http")
+        url, protocol = (s.grpc_url, "grpc") if i % 2 else (s.http_url, "http")
         try:
             with Client(url, protocol=protocol, model=s.model, timeout=120) as client, \
                     client.stream(PROMPT, max_tokens=LONG, min_tokens=LONG) as stream:

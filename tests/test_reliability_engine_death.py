@@ -1,7 +1,16 @@
-"""vLLM's EngineCore process dies under load: what clients see (a server of its own).
+"""vLLM's EngineCore process dies under load: what clients and the health endpoint see.
 
-The oracle is the operating system: the test SIGKILLs the real ``VLLM::EngineCore``
-process, found by walking the server's process tree in /proc, while requests are running.
+``tritonforge serve`` of its own (a real subprocess). The oracle is the operating system:
+the test SIGKILLs the real ``VLLM::EngineCore`` process, found by walking the server's
+process tree in /proc, while requests are running. Then:
+
+* the streams that were running fail as an engine failure (typed ``EngineError``, not
+  ``InvalidRequest``), the OpenAI gateway answers 5xx in OpenAI's error shape;
+* within 10 s ``/v2/health/ready`` fails and a new typed request fails fast with
+  ``ModelNotReady`` or ``ServerUnavailable`` (Triton 2.51 cannot mark a Python model not
+  ready: the engine model reports ``tritonforge_engine_up 0`` and ``serve`` restarts the
+  server);
+* the server comes back and serves again.
 """
 
 from __future__ import annotations
@@ -16,15 +25,14 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import (
-    DEFAULT_REPO,
-    ServerHandle,
-    _default_model_name,
-    descendants,
-    start_server,
-    wait_engine_gauge,
+from conftest import ServeProcess, descendants, serve_process, wait_engine_gauge
+from tritonforge.clients import (
+    Client,
+    EngineError,
+    InvalidRequest,
+    ModelNotReady,
+    ServerUnavailable,
 )
-from tritonforge.clients import Client, EngineError, InvalidRequest
 from tritonforge.gateway import run_gateway_in_thread
 
 pytestmark = pytest.mark.server
@@ -34,13 +42,9 @@ PROMPT = "Once upon a time, there was a little"
 
 
 @pytest.fixture(scope="module")
-def own_server() -> Iterator[ServerHandle]:
-    server, handle = start_server(DEFAULT_REPO, log_name="engine-death")
-    handle.model = _default_model_name()
-    try:
-        yield handle
-    finally:
-        server.stop()  # type: ignore[attr-defined]
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    with serve_process(tmp_path_factory.mktemp("engine-death") / "tritonserver.log") as s:
+        yield s
 
 
 def engine_core_pids(server_pid: int) -> list[int]:
@@ -54,20 +58,19 @@ def engine_core_pids(server_pid: int) -> list[int]:
     return pids
 
 
-def test_engine_death_mid_stream_is_an_engine_failure_for_every_client(own_server: ServerHandle) -> None:
-    server: Any = own_server.server
-    cores = engine_core_pids(server.process.pid)
-    assert len(cores) == 1, f"expected one VLLM::EngineCore under the server, found {cores}"
+def test_engine_death_fails_requests_turns_not_ready_and_recovers(served: ServeProcess) -> None:
+    s = served
+    cores = engine_core_pids(s.proc.pid)
+    assert len(cores) == 1, f"expected one VLLM::EngineCore under serve, found {cores}"
 
     gateway_reply: dict[str, Any] = {}
-    with run_gateway_in_thread(own_server.grpc_url, own_server.model) as gw, \
-            Client(own_server.grpc_url, model=own_server.model, timeout=300) as client:
+    with run_gateway_in_thread(s.grpc_url, s.model) as gw, \
+            Client(s.grpc_url, model=s.model, timeout=300) as client:
 
         def gateway_request() -> None:
             with httpx.Client(timeout=300) as http:
                 r = http.post(f"{gw.url}/completions", json={
-                    "model": own_server.model, "prompt": PROMPT, "max_tokens": LONG,
-                    "min_tokens": LONG})
+                    "model": s.model, "prompt": PROMPT, "max_tokens": LONG, "min_tokens": LONG})
             gateway_reply["status"], gateway_reply["body"] = r.status_code, r.json()
 
         with client.stream(PROMPT, max_tokens=LONG, min_tokens=LONG) as stream:
@@ -75,7 +78,7 @@ def test_engine_death_mid_stream_is_an_engine_failure_for_every_client(own_serve
             next(chunks)  # generating
             thread = threading.Thread(target=gateway_request, daemon=True)
             thread.start()
-            wait_engine_gauge(own_server.metrics_url, lambda v: v >= 2, 60)
+            wait_engine_gauge(s.metrics_url, lambda v: v >= 2, 60)
             os.kill(cores[0], signal.SIGKILL)
             t0 = time.monotonic()
             with pytest.raises(EngineError) as info:
@@ -84,9 +87,28 @@ def test_engine_death_mid_stream_is_an_engine_failure_for_every_client(own_serve
             assert not isinstance(info.value, InvalidRequest)
             assert time.monotonic() - t0 < 30, "the stream did not fail promptly"
         thread.join(60)
-    assert not thread.is_alive(), "the gateway request hung after the engine died"
+        assert not thread.is_alive(), "the gateway request hung after the engine died"
+
+        # Not ready within 10 s of the kill, and a new request fails fast with a typed error.
+        while s.ready():
+            assert time.monotonic() - t0 < 10, "/v2/health/ready still answers 200 10 s after the engine died"
+            time.sleep(0.1)
+        not_ready_after = time.monotonic() - t0
+        t1 = time.monotonic()
+        with pytest.raises((ModelNotReady, ServerUnavailable)) as refused:
+            client.complete(PROMPT, max_tokens=4)
+        refused_in = time.monotonic() - t1
+    assert refused_in < 10, f"a request after the engine died took {refused_in:.1f} s to fail"
     assert 500 <= gateway_reply["status"] < 600, gateway_reply
     error = gateway_reply["body"]["error"]
     assert error["type"] == "server_error" and error["message"], error
-    print(f"engine killed: typed client EngineError, gateway HTTP {gateway_reply['status']} "
-          f"({error.get('code')})")
+
+    # serve restarts the server: it serves again.
+    s.wait_ready(600)
+    back_after = time.monotonic() - t0
+    with Client(s.grpc_url, model=s.model, timeout=120) as client:
+        assert client.complete(PROMPT, max_tokens=8, min_tokens=8).text
+    print(f"\nengine killed: stream EngineError, gateway HTTP {gateway_reply['status']} "
+          f"({error.get('code')}); not ready after {not_ready_after:.1f} s; a new request "
+          f"failed with {type(refused.value).__name__} in {refused_in:.2f} s; serving again "
+          f"after {back_after:.0f} s")

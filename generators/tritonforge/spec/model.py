@@ -215,10 +215,13 @@ class Instances(_Section):
     """Instances of ``<name>_sync`` (each waits on one request's full generation)."""
 
     dynamic_batching: bool = True
-    """Enable dynamic batching on the pre/post-processing models."""
+    """Enable dynamic batching on the BLS and ``<name>_sync`` models. The ensemble's steps
+    never batch: with Triton 2.51 a batcher would answer a cancelled step request itself
+    and leave the ensemble request in flight, and postprocessing must see cancelled
+    requests to stop the engine."""
 
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000)
-    """Dynamic-batching queue delay of the pre/post-processing models."""
+    """Dynamic-batching queue delay of the BLS and ``<name>_sync`` models."""
 
 
 def _sampling_section() -> type[_Section]:

@@ -274,10 +274,14 @@ class TritonServer:
         )
 
     def is_ready(self) -> bool:
+        """Ready, and its metrics endpoint answers (Triton starts it just after HTTP)."""
         try:
             with urllib.request.urlopen(
                 f"http://{self.options.http_url}/v2/health/ready", timeout=2
             ) as r:
+                if r.status != 200:
+                    return False
+            with urllib.request.urlopen(f"http://{self.options.metrics_url}/metrics", timeout=2) as r:
                 return bool(r.status == 200)
         except (urllib.error.URLError, OSError):
             return False

@@ -64,7 +64,7 @@ class _Live:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        triton_io.fix_locale()
+        triton_io.prepare_stub()
         config, params = triton_io.model_params(args)
         self.engine = params[Param.TARGET_MODEL.value]
         kind = EngineKind(params.get(Param.ENGINE_KIND.value) or EngineKind.VLLM.value)

@@ -34,7 +34,7 @@ __all__ = ["TritonPythonModel"]
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        triton_io.fix_locale()
+        triton_io.prepare_stub()
         _, params = triton_io.model_params(args)
         ref = params.get(Param.TOKENIZER.value) or params[Param.MODEL.value]
         skip = (params.get(Param.SKIP_SPECIAL_TOKENS.value) or "true").lower() != "false"

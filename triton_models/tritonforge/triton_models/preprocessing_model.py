@@ -13,7 +13,7 @@ __all__ = ["TritonPythonModel"]
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        triton_io.fix_locale()
+        triton_io.prepare_stub()
         _, params = triton_io.model_params(args)
         self.pre = Preprocessor.from_params(params)
 

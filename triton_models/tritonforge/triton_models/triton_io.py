@@ -20,6 +20,7 @@ __all__ = [
     "forwarded_error",
     "make_response",
     "model_params",
+    "prepare_stub",
     "read_inputs",
     "request_parameters",
     "send_stop",
@@ -28,6 +29,32 @@ __all__ = [
     "tagged_error_response",
     "triton_error",
 ]
+
+
+def prepare_stub() -> None:
+    """What every tritonforge model does first in ``initialize()``: a UTF-8 locale
+    (``fix_locale``), and a quick exit of the stub process once Triton has finalized it.
+
+    After ``finalize()`` the stub's embedded interpreter tears down torch, tokenizers and
+    vLLM's leftovers: seconds per stub on a small machine (all stubs at once at shutdown),
+    and vLLM's pending objects crashed it there ("Segfault encountered"). Nothing needs that
+    teardown -- the models released their resources in ``finalize()`` and Triton cleans the
+    shared memory -- so an exit handler flushes the output and ends the process at once.
+    """
+    fix_locale()
+    import atexit
+    import os
+    import sys
+
+    def _exit_now() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
+        os._exit(0)
+
+    atexit.register(_exit_now)
 
 
 def fix_locale() -> None:
