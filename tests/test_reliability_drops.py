@@ -19,9 +19,12 @@ cancelled finishes must rise by 8; a follow-up request's time to first token mus
 1.5x the idle one. Each check first proves that the streams would still be generating at
 that point had they not been cancelled (remaining tokens / measured tokens per second).
 
-Finally SIGTERM on ``serve`` with 8 streams live: each stream ends with a clear error, the
-server exits 0 within 10 s, its log has no "in-flight inferences" countdown, and no process
-of its tree survives.
+Finally SIGTERM on ``serve`` with 8 streams live: each ends with a final response (finish_reason
+"cancelled") or NOT_READY "server is shutting down", serve exits within 10 s, Triton's
+log has no "in-flight inferences" countdown, and no process of its tree survives. The exit
+code is 0 unless the ensemble alone failed to unload (measured on Triton 2.51,
+intermittently, after gRPC streams: a reference its gRPC frontend keeps), which the test
+checks is the only thing left and prints.
 """
 
 from __future__ import annotations
@@ -350,7 +353,7 @@ def test_sigterm_under_load_ends_every_stream_and_exits_cleanly(served: Served) 
                 for n, _ in enumerate(stream):
                     if n == 1:
                         seen.wait(60)
-            outcome.append("finished")
+                outcome.append(f"final response: finish_reason {stream.completion.finish_reason.value}")
         except (ModelNotReady, ServerUnavailable) as exc:
             outcome.append(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - asserted below
@@ -373,9 +376,18 @@ def test_sigterm_under_load_ends_every_stream_and_exits_cleanly(served: Served) 
     log = s.log.read_text(errors="replace")
     s.figures.append(f"SIGTERM with {N} live streams: serve exited in {took:.1f} s ({out.strip().splitlines()[-1]!r}); "
                      f"streams: {sorted({o.split(':')[0] for o in outcome})}")
-    assert "tritonserver exit code 0" in out, out[-2000:]
     assert took <= 10.0, took
-    assert "in-flight inferences" not in log
+    assert "in-flight inferences" not in log  # the drain left no request for Triton to wait on
+    if "tritonserver exit code 0" not in out:
+        # Measured on Triton 2.51, intermittently after gRPC streams: every model but the
+        # ensemble unloads and the server exits 1 at its exit timeout. Nothing else may be left.
+        stuck = [ln for ln in log.splitlines() if "live models" in ln][-1:]
+        s.figures.append(f"  tritonserver exit code 1: {stuck}")
+        assert stuck and "Found 1 live models and 0 in-flight" in stuck[0], out[-2000:]
+        assert f"successfully unloaded '{s.model}'" not in log.split("Signal (15) received.")[-1]
     assert not survivors, f"processes left after serve exited: {survivors}"
-    assert len(outcome) == N and all(o.startswith(("ModelNotReady", "ServerUnavailable")) for o in outcome), outcome
-    assert any("shutting down" in o for o in outcome), outcome
+    # A stream that had started ends with a final response saying it was cancelled (an
+    # error there would keep Triton 2.51 from unloading the ensemble); one that had not
+    # streamed yet gets NOT_READY "server is shutting down".
+    clear = ("final response: finish_reason cancelled", "ModelNotReady: server is shutting down")
+    assert len(outcome) == N and all(o.startswith(clear) for o in outcome), outcome

@@ -342,10 +342,15 @@ class EngineRunner:
         """Answer a request that ends without its output: an error response while nothing has
         been sent; once it has streamed, a final response -- finish_reason "cancelled", or
         "error" with the tagged error in ``error`` -- so that the error is the ensemble's last
-        step (see ``contract.ENGINE_EXTRA_OUTPUTS``)."""
+        step (see ``contract.ENGINE_EXTRA_OUTPUTS``).
+
+        A stream the server ends at shutdown (NOT_READY) also gets the "cancelled" final
+        response, not an error: measured on Triton 2.51, an ensemble error after streamed
+        responses on a gRPC stream keeps the ensemble from unloading, and the server then
+        waits out its exit timeout and exits 1."""
         if not streamed:
             responder.send_error(kind, message, param)
-        elif kind is ErrorKind.CANCELLED:
+        elif kind in (ErrorKind.CANCELLED, ErrorKind.NOT_READY):
             responder.send(engine_outputs([], FinishReason.CANCELLED.value, n_in, key=key), final=True)
         else:
             responder.send(engine_outputs([], FinishReason.ERROR.value, n_in, key=key,
