@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tritonforge.runtime.server import ServerError, ServerOptions, free_port, running
 from tritonforge.triton_models import metrics as m
 from tritonforge.triton_models.metrics import EngineMetrics
-from tritonforge.runtime.server import ServerError, ServerOptions, free_port, running
 
 MODEL = "metrics_probe"
 
@@ -149,9 +149,10 @@ def _scrape_engine(server: Server) -> dict[Key, float]:
 
 def test_engine_metrics_on_triton_match_the_in_memory_model(probe_server: Server) -> None:
     before = _scrape_engine(probe_server)
-    # Created at initialize(): every series exists before any request, all zero.
+    # Created at initialize(): every series exists before any request, all zero but the
+    # engine-up gauge (1 until the engine dies).
     assert {n for n, _ in before} == m.ENGINE_METRIC_NAMES
-    assert all(v == 0 for v in before.values())
+    assert all(v == (1 if n == m.ENGINE_UP else 0) for (n, _), v in before.items())
 
     for v in VALUES:
         assert _infer(probe_server, v) == 1.0  # the model saw pb_utils: the Triton path ran

@@ -22,7 +22,13 @@ from tritonforge.clients._models import (
     RequestOverrides,
     TimeoutTypes,
 )
-from tritonforge.clients.exceptions import Forbidden, InvalidRequest, ModelNotReady, Timeout
+from tritonforge.clients.exceptions import (
+    Cancelled,
+    Forbidden,
+    InvalidRequest,
+    ModelNotReady,
+    Timeout,
+)
 
 __all__ = [
     "DEFAULT_PORTS",
@@ -153,6 +159,11 @@ class Recorder:
         now = time.perf_counter()
         if event.prompt_tokens is not None:
             self._prompt_tokens = event.prompt_tokens
+        if event.finish_reason is contract.FinishReason.CANCELLED:
+            # The server ends a cancelled stream with a final response, not an error (an
+            # ensemble error there would leak in Triton 2.51; see contract.ENGINE_EXTRA_OUTPUTS).
+            raise Cancelled("request cancelled on the server (a stop for it, or the server "
+                            "shutting down)")
         if event.finish_reason is not contract.FinishReason.NONE:
             self._finish = event.finish_reason
         carries = bool(event.text) or event.tokens > 0

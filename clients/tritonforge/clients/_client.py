@@ -421,6 +421,8 @@ class Client(BaseClient):
         (unknown, unloaded) that is :class:`ModelNotReady`, asked of the server."""
         try:
             ready = self._get_transport().model_ready(model)
+        except ServerUnavailable as gone:  # the server is going away (a restart, a stop)
+            return gone
         except TritonForgeError:
             return exc
         return exc if ready else ModelNotReady(str(exc))
@@ -535,6 +537,8 @@ class AsyncClient(BaseClient):
         """Async twin of :meth:`Client._refused_by_triton`."""
         try:
             ready = await (await self._get_transport()).model_ready(model)
+        except ServerUnavailable as gone:
+            return gone
         except TritonForgeError:
             return exc
         return exc if ready else ModelNotReady(str(exc))
