@@ -211,8 +211,10 @@ class Instances(_Section):
     bls: int = Field(default=0, ge=0, le=256)
     """Instances of the optional BLS model ``tensorrt_llm_bls``; 0 leaves it out."""
 
-    sync: int = Field(default=4, ge=1, le=256)
-    """Instances of ``<name>_sync`` (each waits on one request's full generation)."""
+    sync: int = Field(default=2, ge=1, le=256)
+    """Instances of ``<name>_sync`` (each waits on one request's full generation). Triton
+    2.51 unloads them one after another (about 1.2 s each on a small machine), which counts
+    against the shutdown time."""
 
     dynamic_batching: bool = True
     """Enable dynamic batching on the BLS and ``<name>_sync`` models. The ensemble's steps
