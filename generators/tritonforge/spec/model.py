@@ -99,10 +99,12 @@ class Batching(_Section):
     """TensorRT-LLM only: ``batch_scheduler_policy``."""
 
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000)
-    """Dynamic-batching queue delay of the engine model."""
+    """Dynamic-batching queue delay of the TensorRT-LLM engine model (refused for
+    tritonforge's vLLM engine model, which has no batcher: vLLM schedules every step)."""
 
     max_queue_size: int | None = Field(default=None, ge=1, le=1_000_000)
-    """Engine queue bound: requests beyond it are rejected (unset: unbounded)."""
+    """Engine queue bound: requests beyond it are rejected as OVERLOADED (unset: unbounded).
+    TensorRT-LLM: Triton's queue policy; vLLM engine model: requests not yet generating."""
 
     max_num_seqs: int | None = Field(default=None, ge=1, le=65_536)
     """vLLM only: sequences scheduled concurrently (default: ``max_batch_size``)."""
