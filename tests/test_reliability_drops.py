@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -197,13 +198,13 @@ def drop_bls_sse(s: Served, i: int, p: Progress, go: threading.Event) -> None:
     _drop_sse(s, MODEL_BLS, i, p, go)
 
 
-def drop_typed(s: Served, i: int, p: Progress, go: threading.Event) -> None:
+def drop_typed(s: Served, i: int, p: Progress, go: threading.Event, min_seen: int = MIN_SEEN) -> None:
     url, protocol = (s.grpc_url, "grpc") if i % 2 else (s.http_url, "http")
     with Client(url, protocol=protocol, model=s.model, timeout=600) as client, \
             client.stream(PROMPT, max_tokens=LONG, min_tokens=LONG) as stream:
         for chunk in stream:
             p.saw(chunk.tokens)
-            if p.tokens >= MIN_SEEN:
+            if p.tokens >= min_seen:
                 break
         go.wait()  # leaving the block with the stream open is the drop
 
@@ -252,14 +253,12 @@ def _measure_rate(s: Served, n: int) -> float:
     progress = [Progress() for _ in range(n)]
     go = threading.Event()
     go.set()
-    global MIN_SEEN
-    saved, MIN_SEEN = MIN_SEEN, 3 * MIN_SEEN
-    threads = [threading.Thread(target=drop_typed, args=(s, i, progress[i], go)) for i in range(n)]
+    threads = [threading.Thread(target=drop_typed, args=(s, i, progress[i], go, 3 * MIN_SEEN))
+               for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    MIN_SEEN = saved
     _wait_idle(s, 30)
     return statistics.median((p.tokens - 1) / (p.last - p.first) for p in progress if p.last > p.first)
 
@@ -335,7 +334,7 @@ def test_dropped_streams_stop_the_engine(served: Served, gateway: str, kind: str
                      f"(at most {seen:.0f} tokens at {_RATE[1]:.0f} tok/s: >= {remaining_s:.0f} s of "
                      f"generation left); server CPU {busy:.2f} -> idle "
                      f"({s.idle_cpu:.2f}) within {idle_at:.2f} s; TTFT after {ttft * 1000:.0f} ms "
-                     f"(idle {idle_ttft * 1000:.0f} ms)")
+                     f"(idle {idle_ttft * 1000:.0f} ms); load average {os.getloadavg()[0]:.2f}")
     assert ttft <= 1.5 * idle_ttft + 0.02, (kind, ttft, idle_ttft)
 
 
@@ -375,7 +374,8 @@ def test_sigterm_under_load_ends_every_stream_and_exits_cleanly(served: Served) 
     survivors = [pid for pid in tree if Path(f"/proc/{pid}").exists()
                  and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
     log = s.log.read_text(errors="replace")
-    s.figures.append(f"SIGTERM with {N} live streams: serve exited in {took:.1f} s ({out.strip().splitlines()[-1]!r}); "
+    s.figures.append(f"SIGTERM with {N} live streams (load average {os.getloadavg()[0]:.2f}): serve exited in "
+                     f"{took:.1f} s ({out.strip().splitlines()[-1]!r}); "
                      f"streams: {sorted({o.split(':')[0] for o in outcome})}")
     assert took <= 10.0, took
     # The drain left no request for Triton to wait on: no "Model 'x' has N in-flight" countdown.

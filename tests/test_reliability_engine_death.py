@@ -111,4 +111,4 @@ def test_engine_death_fails_requests_turns_not_ready_and_recovers(served: ServeP
     print(f"\nengine killed: stream EngineError, gateway HTTP {gateway_reply['status']} "
           f"({error.get('code')}); not ready after {not_ready_after:.1f} s; a new request "
           f"failed with {type(refused.value).__name__} in {refused_in:.2f} s; serving again "
-          f"after {back_after:.0f} s")
+          f"after {back_after:.0f} s; load average {os.getloadavg()[0]:.2f}")

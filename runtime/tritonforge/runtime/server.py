@@ -38,6 +38,7 @@ from pathlib import Path
 
 from tritonforge.contract import DRAIN_FILE_ENV
 from tritonforge.runtime.paths import cache_dir
+from tritonforge.triton_models.metrics import ENGINE_UP
 
 __all__ = [
     "ServerError",
@@ -55,7 +56,6 @@ RESTRICTED_HEADER = "admin-key"
 RESTRICTED_GROUPS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
 # How long a Python-backend stub may take to answer at start-up (see Server.command).
 STUB_TIMEOUT_SECONDS = 600
-ENGINE_UP_METRIC = "tritonforge_engine_up"  # triton_models.metrics.ENGINE_UP
 # After the drain file is written: how long the engine models get to end their requests.
 DRAIN_SECONDS = 0.5
 # How long Triton waits at SIGTERM for in-flight requests (after the drain none are left) and
@@ -313,7 +313,7 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return None
         values = [line.rsplit(" ", 1)[1] for line in text.splitlines()
-                  if line.startswith(ENGINE_UP_METRIC + "{")]
+                  if line.startswith(ENGINE_UP + "{")]
         return all(float(v) > 0 for v in values)
 
     def log_tail(self, lines: int = 40) -> str:

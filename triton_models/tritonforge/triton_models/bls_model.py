@@ -39,7 +39,7 @@ from tritonforge.contract import (
 from tritonforge.triton_models import triton_io
 from tritonforge.triton_models.detokenize import make_decoder
 from tritonforge.triton_models.errors import RequestError
-from tritonforge.triton_models.postprocess import Postprocessor
+from tritonforge.triton_models.postprocess import Postprocessor, scalar
 from tritonforge.triton_models.preprocess import load_tokenizer
 
 __all__ = ["TritonPythonModel"]
@@ -204,7 +204,7 @@ class TritonPythonModel:
                     continue  # an empty final response
                 if not live.key and "request_key" in tensors:
                     live.key = int(tensors["request_key"].reshape(-1)[0])
-                error = triton_io.string_input(tensors.get("error"))
+                error = str(scalar(tensors.get("error"), "") or "")
                 if error:  # failed after streaming (the engine reports it in-band)
                     send(None, triton_io.tagged_error_response(error))
                     sent_final = True

@@ -24,7 +24,7 @@ import numpy as np
 from tritonforge.contract import FinishReason
 from tritonforge.triton_models.detokenize import Decoder, IncrementalDetokenizer
 
-__all__ = ["PostResult", "Postprocessor"]
+__all__ = ["PostResult", "Postprocessor", "scalar"]
 
 
 @dataclass
@@ -50,7 +50,9 @@ class PostResult:
         }
 
 
-def _scalar(arr: np.ndarray | None, default: Any = None) -> Any:
+def scalar(arr: np.ndarray | None, default: Any = None) -> Any:
+    """The first element of a tensor as a Python value (STRING as text); ``default`` when
+    absent or empty."""
     if arr is None or arr.size == 0:
         return default
     v = arr.reshape(-1)[0]
@@ -73,7 +75,7 @@ class Postprocessor:
     @staticmethod
     def request_key(inputs: Mapping[str, np.ndarray | None]) -> int:
         """The engine's own key of the request these inputs belong to (0: none sent)."""
-        return int(_scalar(inputs.get("engine_request_key"), 0) or 0)
+        return int(scalar(inputs.get("engine_request_key"), 0) or 0)
 
     @classmethod
     def state_id(cls, inputs: Mapping[str, np.ndarray | None], request_id: str) -> str:
@@ -90,15 +92,15 @@ class Postprocessor:
         lengths = inputs.get("sequence_length")
         while ids_arr.ndim > 1:  # [batch, beam, tokens] -> first beam of the one sequence
             ids_arr = ids_arr[0]
-        n = int(_scalar(lengths, len(ids_arr)))
+        n = int(scalar(lengths, len(ids_arr)))
         ids = [int(t) for t in ids_arr[: max(0, min(n, len(ids_arr)))]]
         hit_end = bool(ids) and self.end_id is not None and ids[-1] == self.end_id
         if hit_end:  # the C++ backend leaves end_id out; an engine that includes it is trimmed
             ids = ids[:-1]
-        reason = str(_scalar(inputs.get("engine_finish_reason"), "") or "")
+        reason = str(scalar(inputs.get("engine_finish_reason"), "") or "")
         if not reason and hit_end:
             reason = FinishReason.STOP.value
-        n_input = int(_scalar(inputs.get("engine_num_input_tokens"), -1))
+        n_input = int(scalar(inputs.get("engine_num_input_tokens"), -1))
         request_id = self.state_id(inputs, request_id)
 
         if not request_id:

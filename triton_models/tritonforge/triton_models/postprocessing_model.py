@@ -22,11 +22,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 from tritonforge.contract import POSTPROCESSING_INPUTS, FinishReason, Param, engine_request_id
 from tritonforge.triton_models import triton_io
 from tritonforge.triton_models.detokenize import make_decoder
-from tritonforge.triton_models.postprocess import Postprocessor
+from tritonforge.triton_models.postprocess import Postprocessor, PostResult, scalar
 from tritonforge.triton_models.preprocess import load_tokenizer
 
 __all__ = ["TritonPythonModel"]
@@ -54,12 +53,7 @@ class TritonPythonModel:
         self.post.forget(inputs, request.request_id())
         if self.engine and target:
             self.stops.submit(triton_io.send_stop, self.engine, target)
-        return triton_io.make_response({
-            "text_output": np.array([[b""]], dtype=object),
-            "finish_reason": np.array([[FinishReason.CANCELLED.value.encode()]], dtype=object),
-            "num_input_tokens": np.array([[-1]], dtype=np.int32),
-            "num_output_tokens": np.array([[0]], dtype=np.int32),
-        })
+        return triton_io.make_response(PostResult("", FinishReason.CANCELLED.value, -1, 0).arrays())
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
@@ -69,7 +63,7 @@ class TritonPythonModel:
                     responses.append(self._cancelled(request))
                     continue
                 inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
-                error = triton_io.string_input(inputs.get("engine_error"))
+                error = str(scalar(inputs.get("engine_error"), "") or "")
                 if error:  # the engine failed after streaming: answer its error, last
                     self.post.forget(inputs, request.request_id())
                     responses.append(triton_io.tagged_error_response(error))

@@ -25,7 +25,6 @@ __all__ = [
     "request_parameters",
     "send_stop",
     "stop_request",
-    "string_input",
     "tagged_error_response",
     "triton_error",
 ]
@@ -43,15 +42,14 @@ def prepare_stub() -> None:
     """
     fix_locale()
     import atexit
+    import contextlib
     import os
     import sys
 
     def _exit_now() -> None:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # exiting anyway
                 stream.flush()
-            except Exception:  # noqa: BLE001 - exiting anyway
-                pass
         os._exit(0)
 
     atexit.register(_exit_now)
@@ -149,14 +147,6 @@ def send_stop(model: str, request_id: str) -> bool:
     except Exception:
         logging.getLogger("tritonforge.stop").exception("stop of %s on %s failed", request_id, model)
         return False
-
-
-def string_input(arr: np.ndarray | None) -> str:
-    """The first element of a STRING tensor as text ("" when absent or empty)."""
-    if arr is None or arr.size == 0:
-        return ""
-    v = arr.reshape(-1)[0]
-    return bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
 
 
 def tagged_error_response(message: str) -> Any:

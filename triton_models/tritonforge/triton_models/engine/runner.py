@@ -361,6 +361,7 @@ class EngineRunner:
             await asyncio.sleep(self.cancel_poll_seconds)
             if not self._draining and self._drain_file and os.path.exists(self._drain_file):
                 await self._drain()
+            # The gauges follow the engine's own report here, every poll, not per token.
             if not self._dead and getattr(self.adapter, "dead", False):
                 self._dead = True
                 log.error("the inference engine has died: every request is refused from now on")
@@ -444,7 +445,6 @@ class EngineRunner:
                                                   key), final=False)
                     pending, pending_lp = [], []
                     streamed = True
-                self._update_gauges()
             if live.cancelled:
                 await self._abort(engine_id)
                 finish = FinishReason.CANCELLED.value
