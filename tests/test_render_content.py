@@ -204,7 +204,7 @@ def test_trtllm_engine_parameters_come_from_the_spec() -> None:
     assert p["gpt_model_type"] == "inflight_fused_batching"
     assert p["batch_scheduler_policy"] == "max_utilization"
     assert p["enable_chunked_context"] == "true" and p["enable_kv_cache_reuse"] == "true"
-    assert p["engine_dir"] == "/engines/llama3-8b-fp8"
+    assert p["gpt_model_path"] == "/engines/llama3-8b-fp8"
     assert p["kv_cache_free_gpu_mem_fraction"] == "0.9"
     assert p["FORCE_CPU_ONLY_INPUT_TENSORS"] == "no"
     assert "max_attention_window_size" not in p  # unset knobs are simply absent
@@ -292,7 +292,7 @@ def test_hostile_free_text_never_changes_structure(backend: str, tmp_path: Path)
     assert json.loads(pre[C.Param.LORA_ADAPTERS.value])["a"]["path"] == "/adapters/" + bad
     if backend == "tensorrtllm":
         p = params(parse(hostile, C.MODEL_TENSORRT_LLM))
-        assert p["engine_dir"] == "/engines/" + bad and p["gpu_weights_percent"] == bad
+        assert p["gpt_model_path"] == "/engines/" + bad and p["gpu_weights_percent"] == bad
         spec = parse_spec(doc(bad, HOSTILE))
         _assert_script_argv(hostile, "build_engine.sh", build_commands(spec), tmp_path)
         _assert_script_argv(hostile, "launch.sh", launch_commands(spec), tmp_path)

@@ -26,6 +26,7 @@ __all__ = [
     "build_commands",
     "checkpoint_dir",
     "launch_commands",
+    "slurm_launch_commands",
     "summary",
     "world_size",
 ]
@@ -71,8 +72,14 @@ def world_size(spec: Spec) -> int:
 
 def summary(spec: Spec) -> str:
     p = spec.parallelism
-    return (f"quantization {spec.quantization}, tensor parallel {p.tensor_parallel_size}, "
+    runtime = ("TensorRT-LLM LLM API, " if spec.backend == "tensorrtllm"
+               and spec.tensorrtllm.runtime == "llmapi" else "")
+    return (f"{runtime}quantization {spec.quantization}, tensor parallel {p.tensor_parallel_size}, "
             f"pipeline parallel {p.pipeline_parallel_size}")
+
+
+def _llmapi(spec: Spec) -> bool:
+    return spec.backend == "tensorrtllm" and spec.tensorrtllm.runtime == "llmapi"
 
 
 def checkpoint_dir(spec: Spec) -> str:
@@ -157,9 +164,22 @@ def _server_lines(spec: Spec, rank: int) -> Command:
     return lines
 
 
+# trtllm-llmapi-launch (TensorRT-LLM's launcher for the LLM API under MPI) runs the given
+# command on rank 0 and TensorRT-LLM's worker on every other rank; the LLM in rank 0's
+# tritonserver then drives those ranks.
+_LLMAPI_LAUNCH: Final = "trtllm-llmapi-launch"
+
+
 def launch_commands(spec: Spec) -> list[Command]:
-    """``tritonserver`` for one rank, or ``mpirun`` with one tritonserver per rank."""
+    """C++ runtime: ``tritonserver`` for one rank, or ``mpirun`` with one tritonserver per
+    rank. LLM API: ``tritonserver`` on one GPU; for TP x PP on one host, ``mpirun`` with one
+    process per rank under ``trtllm-llmapi-launch`` (rank 0 runs tritonserver)."""
     world = world_size(spec)
+    if _llmapi(spec):
+        if world == 1:
+            return [[_raw("exec", "tritonserver")] + _server_lines(spec, 0)]
+        return [[_raw("exec", "mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(world),
+                      _LLMAPI_LAUNCH, "tritonserver")] + _server_lines(spec, 0)]
     if world == 1:
         return [[_raw("exec", "tritonserver")] + _server_lines(spec, 0)]
     cmd: Command = [_raw("exec", "mpirun", "--allow-run-as-root")]
@@ -167,3 +187,12 @@ def launch_commands(spec: Spec) -> list[Command]:
         cmd.append(_raw(*((":",) if rank else ()), "-n", "1", "tritonserver"))
         cmd += _server_lines(spec, rank)
     return [cmd]
+
+
+def slurm_launch_commands(spec: Spec) -> list[Command]:
+    """LLM API across nodes: ``srun`` starts one task per rank (``$GPUS_PER_NODE`` per node,
+    8 unless set) under ``trtllm-llmapi-launch``; run it inside a Slurm allocation."""
+    world = world_size(spec)
+    return [[_raw("exec", "srun", "--mpi=pmix", f"--ntasks={world}",
+                  '--ntasks-per-node="$GPUS_PER_NODE"', _LLMAPI_LAUNCH, "tritonserver")]
+            + _server_lines(spec, 0)]

@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import yaml
+
 from tritonforge import contract as C
 from tritonforge.render.escape import json_text
+from tritonforge.render.trtllm_params import TRTLLM_INPUTS, TRTLLM_OUTPUTS
 from tritonforge.spec.model import Spec
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "TensorPlan",
     "engine_args",
     "engine_env",
+    "llm_args",
     "lora_adapters",
     "plan_repository",
     "sync_model_name",
@@ -35,6 +39,11 @@ PYTHON_MODULES: dict[str, str] = {
 }
 
 
+# Where the LLM-API engine model reads its ``tensorrt_llm.LLM()`` arguments (the layout of
+# upstream's ``all_models/llmapi`` model), relative to the model's folder.
+LLMAPI_MODEL_YAML = "1/model.yaml"
+
+
 @dataclass(frozen=True)
 class TensorPlan:
     name: str
@@ -42,6 +51,7 @@ class TensorPlan:
     dims: tuple[int, ...]
     optional: bool = False
     ragged: bool = False
+    reshape_scalar: bool = False  # reshape: { shape: [ ] } (the C++ backend's scalar inputs)
 
 
 @dataclass(frozen=True)
@@ -177,7 +187,7 @@ def _trtllm_parameters(spec: Spec) -> list[tuple[str, str]]:
     assert t.engine_dir is not None  # guaranteed by the spec rules
     params: dict[str, str] = {
         "gpt_model_type": bt.strategy,
-        "engine_dir": t.engine_dir,
+        "gpt_model_path": t.engine_dir,
         "max_beam_width": str(t.max_beam_width),
         "batch_scheduler_policy": bt.scheduler_policy,
         "enable_chunked_context": _b(bt.chunked_prefill),
@@ -207,6 +217,66 @@ def _cpp_engine_inputs() -> tuple[C.Tensor, ...]:
     (tritonforge's own engine models declare them all, so any ensemble can feed them)."""
     absent = {p.engine_name for p in C.REQUEST_PARAMETERS if C.EngineKind.TRTLLM_CPP not in p.engines}
     return tuple(t for t in C.ENGINE_INPUTS if t.name not in absent)
+
+
+def _cpp_tensors(tensors: tuple[C.Tensor, ...], facts: dict[str, Any]) -> list[TensorPlan]:
+    """The C++ backend's declaration of each contract tensor, exactly as upstream's template
+    declares it (``render.trtllm_params``): dtype, dims, optional, ragged, scalar reshape."""
+    out = []
+    for t in tensors:
+        f = facts[t.name]  # a contract tensor the backend lacks fails here, at render time
+        out.append(TensorPlan(t.name, f.dtype or t.dtype.value, f.dims, f.optional, f.ragged,
+                              f.scalar))
+    return out
+
+
+def llm_args(spec: Spec) -> dict[str, Any]:
+    """``tensorrt_llm.LLM()`` keyword arguments derived from the spec (runtime ``llmapi``),
+    written to the engine model's ``1/model.yaml``."""
+    bt, kv, par, t = spec.batching, spec.kv_cache, spec.parallelism, spec.tensorrtllm
+    kv_cfg: dict[str, Any] = {"enable_block_reuse": kv.prefix_caching,
+                              "free_gpu_memory_fraction": kv.gpu_memory_fraction}
+    if kv.max_tokens is not None:
+        kv_cfg["max_tokens"] = kv.max_tokens
+    if kv.dtype != "auto":
+        kv_cfg["dtype"] = kv.dtype
+    args: dict[str, Any] = {
+        "model": spec.model.path,
+        "backend": "pytorch",
+        "dtype": spec.model.dtype,
+        "tensor_parallel_size": par.tensor_parallel_size,
+        "pipeline_parallel_size": par.pipeline_parallel_size,
+        "max_batch_size": bt.max_batch_size,
+        "max_seq_len": spec.model.max_model_len,
+        "enable_chunked_prefill": bt.chunked_prefill,
+        "kv_cache_config": kv_cfg,
+    }
+    if spec.model.tokenizer is not None:
+        args["tokenizer"] = spec.model.tokenizer
+    if bt.max_num_batched_tokens is not None:
+        args["max_num_tokens"] = bt.max_num_batched_tokens
+    sp = spec.speculative
+    if sp.method == "eagle":
+        args["speculative_config"] = {"decoding_type": "Eagle",
+                                      "max_draft_len": sp.num_speculative_tokens,
+                                      "speculative_model_dir": sp.draft_model}
+    if spec.lora.enabled:
+        args["enable_lora"] = True
+        args["lora_config"] = {
+            "lora_dir": [spec.lora.adapters[n] for n in sorted(spec.lora.adapters)],
+            "max_lora_rank": spec.lora.max_rank,
+            "max_loras": spec.lora.max_adapters,
+        }
+    args.update(t.llm_args)
+    return args
+
+
+def _llmapi_env(spec: Spec) -> dict[str, str]:
+    """Environment the LLM-API engine model sets before importing TensorRT-LLM."""
+    env: dict[str, str] = {}
+    if spec.parallelism.gpu_device_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.parallelism.gpu_device_ids))
+    return env
 
 
 def _python_model(name: str, module_key: str, spec: Spec, *, inputs: list[TensorPlan],
@@ -248,6 +318,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
     tokenizer = s.model.tokenizer if s.model.tokenizer is not None else s.model.path
     is_vllm = s.backend == "vllm"
     kind = s.engine_kind
+    own_engine = kind is not C.EngineKind.TRTLLM_CPP  # tritonforge's engine model (skeleton)
     engine_name = C.MODEL_VLLM_ENGINE if is_vllm else C.MODEL_TENSORRT_LLM
     adapters = lora_adapters(s)
 
@@ -303,11 +374,33 @@ def plan_repository(spec: Spec) -> RepoPlan:
                         "engine tensor contract.",
         )
         engine_outputs = {t.name for t in C.ENGINE_OUTPUTS + C.ENGINE_EXTRA_OUTPUTS}
+    elif own_engine:  # TensorRT-LLM's LLM API (PyTorch backend) under the same skeleton
+        engine = _python_model(
+            C.MODEL_TENSORRT_LLM, C.MODEL_VLLM_ENGINE, s,
+            inputs=_tensors(C.ENGINE_INPUTS),
+            outputs=_tensors(C.ENGINE_OUTPUTS + C.ENGINE_EXTRA_OUTPUTS),
+            count=1, kind="KIND_MODEL", decoupled=s.streaming, dynamic=False,
+            params={
+                **({C.Param.MAX_QUEUE_SIZE.value: str(bt.max_queue_size)}
+                   if bt.max_queue_size is not None else {}),
+                C.Param.MODEL.value: s.model.path,
+                C.Param.LORA_ADAPTERS.value: json_text(adapters),
+                C.Param.ENGINE_ENV.value: json_text(_llmapi_env(s)),
+                C.Param.ENGINE_KIND.value: kind.value,
+            },
+            description="TensorRT-LLM's LLM API (tensorrt_llm.LLM, PyTorch backend; arguments "
+                        "in 1/model.yaml) speaking the TensorRT-LLM engine tensor contract.",
+        )
+        engine.files[LLMAPI_MODEL_YAML] = (
+            "# Generated by tritonforge: tensorrt_llm.LLM() keyword arguments (change the spec,\n"
+            "# not this file). Read by the engine model at load.\n"
+            + yaml.safe_dump(llm_args(s), sort_keys=True, default_flow_style=False))
+        engine_outputs = {t.name for t in C.ENGINE_OUTPUTS + C.ENGINE_EXTRA_OUTPUTS}
     else:
         engine = ModelPlan(
             name=C.MODEL_TENSORRT_LLM, kind="tensorrtllm", max_batch_size=bt.max_batch_size,
-            inputs=_tensors(_cpp_engine_inputs(), ragged=("input_ids",)),
-            outputs=_tensors(C.ENGINE_OUTPUTS), decoupled=s.streaming, instance_count=1,
+            inputs=_cpp_tensors(_cpp_engine_inputs(), TRTLLM_INPUTS),
+            outputs=_cpp_tensors(C.ENGINE_OUTPUTS, TRTLLM_OUTPUTS), decoupled=s.streaming, instance_count=1,
             instance_kind="KIND_CPU", dynamic_batching=True,
             queue_delay_us=bt.max_queue_delay_microseconds, max_queue_size=bt.max_queue_size,
             parameters=_trtllm_parameters(s),

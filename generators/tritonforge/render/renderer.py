@@ -12,7 +12,14 @@ from typing import Final
 
 import jinja2
 
-from tritonforge.render.commands import Word, build_commands, launch_commands, summary
+from tritonforge.render.commands import (
+    Word,
+    build_commands,
+    launch_commands,
+    slurm_launch_commands,
+    summary,
+    world_size,
+)
 from tritonforge.render.escape import json_text, pbtxt_string, sh_quote
 from tritonforge.render.plan import ModelPlan, RepoPlan, plan_repository
 from tritonforge.spec.model import Spec
@@ -20,7 +27,7 @@ from tritonforge.spec.model import Spec
 __all__ = ["EXECUTABLE_FILES", "MARKER_FILE", "render_files", "render_plan"]
 
 MARKER_FILE: Final = ".tritonforge"
-EXECUTABLE_FILES: Final = frozenset({"build_engine.sh", "launch.sh"})
+EXECUTABLE_FILES: Final = frozenset({"build_engine.sh", "launch.sh", "launch_slurm.sh"})
 _TEMPLATES: Final = Path(__file__).with_name("templates")
 
 
@@ -83,10 +90,15 @@ def render_plan(plan: RepoPlan) -> dict[str, bytes]:
     )
     if spec.backend == "tensorrtllm":
         env = _env()
-        files["build_engine.sh"] = _tidy(env.get_template("build_engine.sh.j2").render(
-            commands=build_commands(spec), summary=summary(spec)))
-        files["launch.sh"] = _tidy(env.get_template("launch.sh.j2").render(
-            commands=launch_commands(spec), summary=summary(spec)))
+        launch = env.get_template("launch.sh.j2")
+        if spec.tensorrtllm.runtime == "cpp":
+            files["build_engine.sh"] = _tidy(env.get_template("build_engine.sh.j2").render(
+                commands=build_commands(spec), summary=summary(spec)))
+        files["launch.sh"] = _tidy(launch.render(commands=launch_commands(spec),
+                                                 summary=summary(spec), slurm=False))
+        if spec.tensorrtllm.runtime == "llmapi" and world_size(spec) > 1:
+            files["launch_slurm.sh"] = _tidy(launch.render(
+                commands=slurm_launch_commands(spec), summary=summary(spec), slurm=True))
     return {path: text.encode("utf-8") for path, text in sorted(files.items())}
 
 

@@ -13,8 +13,11 @@ model, the tensor or field, and the fix. Checks:
   decoupled (so a decoupled engine makes the ensemble streamable and a non-decoupled engine
   can never be asked to stream); with a decoupled model in the chain, ``postprocessing`` has
   one instance; response-cached models and the ``*_sync`` model are never decoupled;
-* TensorRT-LLM parameter keys come from the backend's documented names, and when
-  ``engine_dir`` exists its ``config.json`` agrees on batch size and lengths;
+* a ``tensorrtllm`` model agrees with the backend's facts table (``render.trtllm_params``,
+  from upstream's template): every parameter key is one the backend reads, ``gpt_model_path``
+  is set, every input/output is one upstream declares with its dtype, dims, optional flag and
+  scalar reshape; when the engine folder exists its ``config.json`` agrees on batch size and
+  lengths; the LLM-API engine model has a ``1/model.yaml`` mapping of ``LLM()`` arguments;
 * JSON-valued parameters and ``model.json``/``multi_lora.json`` parse.
 """
 
@@ -28,7 +31,15 @@ from typing import Any, Final
 
 from tritonforge import contract as C
 from tritonforge.render.escape import MARKER_RE
-from tritonforge.render.trtllm_params import BATCHING_STRATEGIES, DECODING_MODES, TRTLLM_PARAMETERS
+from tritonforge.render.trtllm_params import (
+    BATCHING_STRATEGIES,
+    DECODING_MODES,
+    TRTLLM_INPUTS,
+    TRTLLM_OUTPUTS,
+    TRTLLM_PARAMETERS,
+    TRTLLM_PLACEHOLDERS,
+    TRTLLM_SOURCE,
+)
 
 __all__ = ["IGNORED_PARTS", "Problem", "read_tree", "validate_files", "validate_repository"]
 
@@ -164,6 +175,10 @@ class _Checker:
                          "cannot cache streamed responses. Fix: disable one of them")
             if cfg.backend == "tensorrtllm":
                 self.check_trtllm(name, cfg, path, params)
+            if params.get(C.Param.ENGINE_KIND.value) == C.EngineKind.TRTLLM_LLMAPI.value and \
+                    cfg.backend == "python" and name != C.MODEL_PREPROCESSING and \
+                    C.Param.LORA_ADAPTERS.value in params and C.Param.ENGINE_ENV.value in params:
+                self.check_llmapi(name, path)
             if cfg.backend == "vllm":
                 for rel in ("1/model.json", "1/multi_lora.json"):
                     f = f"{name}/{rel}"
@@ -175,9 +190,65 @@ class _Checker:
                     elif rel == "1/model.json":
                         self.add(f, name, "the vLLM backend needs 1/model.json. Fix: regenerate")
 
+    def check_llmapi(self, name: str, path: str) -> None:
+        """The LLM-API engine model reads its ``LLM()`` arguments from ``1/model.yaml``."""
+        import yaml
+
+        rel = f"{name}/1/model.yaml"
+        if rel not in self.files:
+            self.add(rel, name, "the LLM-API engine model needs 1/model.yaml (its "
+                     "tensorrt_llm.LLM() arguments). Fix: regenerate")
+            return
+        try:
+            args = yaml.safe_load(self.files[rel])
+        except yaml.YAMLError as exc:
+            self.add(rel, name, f"is not valid YAML ({exc}). Fix: regenerate")
+            return
+        if not isinstance(args, dict) or not isinstance(args.get("model"), str):
+            self.add(rel, name, "must be a mapping of LLM() arguments with a 'model'. Fix: "
+                     "regenerate")
+        elif args.get("backend") != "pytorch":
+            self.add(rel, name, f"backend must be 'pytorch' (TensorRT-LLM's LLM API on the "
+                     f"PyTorch backend); got {args.get('backend')!r}. Fix: regenerate")
+
+    def check_trtllm_tensors(self, name: str, cfg: Any, path: str) -> None:
+        """Each declared tensor against upstream's declaration of it (the facts table)."""
+        for section, tensors, facts in (("input", cfg.input, TRTLLM_INPUTS),
+                                        ("output", cfg.output, TRTLLM_OUTPUTS)):
+            for t in tensors:
+                f = facts.get(t.name)
+                if f is None:
+                    self.add(path, name, f"{section} {t.name!r} is not a tensor of the "
+                             f"TensorRT-LLM backend ({TRTLLM_SOURCE}). Fix: remove it or use "
+                             "the backend's name")
+                    continue
+                dtype = _dtype_name(t.data_type)
+                if f.dtype is not None and dtype != f.dtype:
+                    self.add(path, name, f"{section} {t.name!r} is {dtype}; the backend "
+                             f"declares {f.dtype}. Fix: regenerate")
+                if tuple(t.dims) != f.dims:
+                    self.add(path, name, f"{section} {t.name!r} has dims {list(t.dims)}; the "
+                             f"backend declares {list(f.dims)}. Fix: regenerate")
+                if section == "input":
+                    if bool(t.optional) != f.optional:
+                        self.add(path, name, f"input {t.name!r} has optional: "
+                                 f"{str(bool(t.optional)).lower()}; the backend declares "
+                                 f"{str(f.optional).lower()}. Fix: regenerate")
+                    scalar = t.HasField("reshape") and len(t.reshape.shape) == 0
+                    if scalar != f.scalar:
+                        self.add(path, name, f"input {t.name!r} "
+                                 + ("lacks" if f.scalar else "has")
+                                 + " the backend's scalar reshape (reshape: { shape: [ ] }). "
+                                 "Fix: regenerate")
+
     def check_trtllm(self, name: str, cfg: Any, path: str, params: dict[str, str]) -> None:
+        self.check_trtllm_tensors(name, cfg, path)
         for key in sorted(params):
-            if key not in TRTLLM_PARAMETERS:
+            if key in TRTLLM_PLACEHOLDERS:
+                self.add(path, name, f"parameter {key!r} is the name of a placeholder in "
+                         f"NVIDIA's template, not a key the backend reads; the key is "
+                         f"{TRTLLM_PLACEHOLDERS[key]!r}. Fix: rename it")
+            elif key not in TRTLLM_PARAMETERS:
                 self.add(path, name, f"parameter {key!r} is not a documented TensorRT-LLM "
                          "backend parameter (the backend would ignore it silently). Fix: check "
                          "the spelling against the backend documentation")
@@ -191,11 +262,11 @@ class _Checker:
         if "decoding_mode" in params and params["decoding_mode"] not in DECODING_MODES:
             self.add(path, name, f"parameter decoding_mode must be one of "
                      f"{', '.join(DECODING_MODES)}; got {params['decoding_mode']!r}")
-        if "engine_dir" not in params:
-            self.add(path, name, "parameter engine_dir is missing. Fix: set "
-                     "tensorrtllm.engine_dir in the spec")
+        if "gpt_model_path" not in params:
+            self.add(path, name, "parameter gpt_model_path (the engine folder) is missing: the "
+                     "backend cannot load. Fix: set tensorrtllm.engine_dir in the spec")
             return
-        engine_cfg = Path(params["engine_dir"]) / "config.json"
+        engine_cfg = Path(params["gpt_model_path"]) / "config.json"
         if not engine_cfg.is_file():
             return
         try:

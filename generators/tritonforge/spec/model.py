@@ -285,8 +285,15 @@ class VllmSection(_Section):
 class TensorRTLLMSection(_Section):
     """Options of the TensorRT-LLM backend (``backend: tensorrtllm`` only)."""
 
+    runtime: Literal["cpp", "llmapi"] = "cpp"
+    """``cpp``: NVIDIA's C++ backend (``backend: tensorrtllm``) over an engine built by the
+    emitted ``build_engine.sh``; ``llmapi``: tritonforge's engine model over
+    ``tensorrt_llm.LLM`` (PyTorch backend, no engine build; arguments in
+    ``tensorrt_llm/1/model.yaml``). Both behind the same ensemble."""
+
     engine_dir: str | None = Field(default=None, min_length=1)
-    """Folder of the built engine (required with ``backend: tensorrtllm``)."""
+    """Folder of the built engine (required with runtime ``cpp``; written to the backend's
+    ``gpt_model_path`` parameter)."""
 
     checkpoint_dir: str | None = Field(default=None, min_length=1)
     """Where ``build_engine.sh`` writes the converted checkpoint (unset:
@@ -297,7 +304,11 @@ class TensorRTLLMSection(_Section):
 
     parameters: dict[str, str] = Field(default_factory=dict)
     """Extra backend parameters by their documented names (e.g. ``gpu_weights_percent``),
-    for knobs the spec does not cover."""
+    for knobs the spec does not cover (runtime ``cpp``)."""
+
+    llm_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra ``tensorrt_llm.LLM()`` keyword arguments (runtime ``llmapi``), for options the
+    spec does not cover (e.g. ``cuda_graph_config``)."""
 
 
 class Spec(_Section):
@@ -370,4 +381,6 @@ class Spec(_Section):
     @property
     def engine_kind(self) -> EngineKind:
         """Which engine serves the engine step."""
-        return EngineKind.VLLM if self.backend == "vllm" else EngineKind.TRTLLM_CPP
+        if self.backend == "vllm":
+            return EngineKind.VLLM
+        return EngineKind.TRTLLM_LLMAPI if self.tensorrtllm.runtime == "llmapi" else EngineKind.TRTLLM_CPP

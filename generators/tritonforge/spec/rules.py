@@ -21,13 +21,14 @@ from tritonforge.contract import (
     ParameterError,
     check_request_values,
 )
-from tritonforge.render.trtllm_params import TRTLLM_PARAMETERS
+from tritonforge.render.trtllm_params import TRTLLM_PARAMETERS, TRTLLM_PLACEHOLDERS
 from tritonforge.spec.model import PACKAGED_MODEL, Spec
 from tritonforge.spec.names import name_problem
 
 __all__ = [
     "QUANTIZATION_BY_BACKEND",
     "RESERVED_MODEL_NAMES",
+    "LLMAPI_DERIVED_ARGS",
     "SPECULATIVE_BY_BACKEND",
     "TRTLLM_DERIVED_PARAMETERS",
     "VLLM_DERIVED_ENGINE_ARGS",
@@ -50,8 +51,7 @@ KV_DTYPE_BY_BACKEND: Final[dict[str, tuple[str, ...]]] = {
 # Backend parameters the spec sets from its own fields: the field to use instead.
 TRTLLM_DERIVED_PARAMETERS: Final[dict[str, str]] = {
     "gpt_model_type": "batching.strategy",
-    "batching_strategy": "batching.strategy",
-    "engine_dir": "tensorrtllm.engine_dir",
+    "gpt_model_path": "tensorrtllm.engine_dir",
     "max_beam_width": "tensorrtllm.max_beam_width",
     "batch_scheduler_policy": "batching.scheduler_policy",
     "enable_chunked_context": "batching.chunked_prefill",
@@ -65,6 +65,23 @@ TRTLLM_DERIVED_PARAMETERS: Final[dict[str, str]] = {
     "decoding_mode": "speculative.method",
     "exclude_input_in_output": "defaults.exclude_input_in_output",
     "FORCE_CPU_ONLY_INPUT_TENSORS": "(always 'no')",
+}
+# LLM() arguments the spec sets from its own fields (runtime llmapi): the field to use instead.
+LLMAPI_DERIVED_ARGS: Final[dict[str, str]] = {
+    "model": "model.path",
+    "tokenizer": "model.tokenizer",
+    "backend": "tensorrtllm.runtime",
+    "dtype": "model.dtype",
+    "tensor_parallel_size": "parallelism.tensor_parallel_size",
+    "pipeline_parallel_size": "parallelism.pipeline_parallel_size",
+    "max_batch_size": "batching.max_batch_size",
+    "max_num_tokens": "batching.max_num_batched_tokens",
+    "max_seq_len": "model.max_model_len",
+    "enable_chunked_prefill": "batching.chunked_prefill",
+    "kv_cache_config": "kv_cache",
+    "speculative_config": "speculative",
+    "enable_lora": "lora.enabled",
+    "lora_config": "lora",
 }
 VLLM_DERIVED_ENGINE_ARGS: Final[dict[str, str]] = {
     "model": "model.path",
@@ -177,13 +194,48 @@ def check_spec(spec: Spec) -> list[str]:
                  "tensorrtllm. Fix: remove it or set backend: vllm")
 
     if b == "tensorrtllm":
-        if spec.tensorrtllm.engine_dir is None:
+        t = spec.tensorrtllm
+        llmapi = t.runtime == "llmapi"
+        if t.engine_dir is None and not llmapi:
             p.append("tensorrtllm.engine_dir: required with backend tensorrtllm; got nothing. "
                      "Fix: set it to the folder of the built engine (see build_engine.sh)")
         if spec.model.path.startswith("package:"):
-            p.append(f"model.path: TensorRT-LLM builds its engine from a Hugging Face folder; "
+            p.append(f"model.path: TensorRT-LLM loads a Hugging Face folder; "
                      f"got {spec.model.path!r}. Fix: give the model folder")
+        if llmapi:
+            for field in ("engine_dir", "checkpoint_dir", "parameters"):
+                if _set(t, field):
+                    p.append(f"tensorrtllm.{field}: applies to runtime cpp only (the LLM API "
+                             "builds nothing and has no backend parameters); got it with "
+                             "runtime llmapi. Fix: remove it (use tensorrtllm.llm_args)")
+            for key in sorted(t.llm_args):
+                if key in LLMAPI_DERIVED_ARGS:
+                    p.append(f"tensorrtllm.llm_args.{key}: set by the spec field "
+                             f"{LLMAPI_DERIVED_ARGS[key]}. Fix: use that field")
+                elif not _ARG_RE.fullmatch(key):
+                    p.append(f"tensorrtllm.llm_args.{key}: not a keyword argument name. Fix: "
+                             "use the LLM() argument's name")
+            if spec.quantization != "none":
+                p.append(f"quantization: runtime llmapi loads the checkpoint as it is (a "
+                         f"pre-quantized checkpoint carries its own quantization); got "
+                         f"{spec.quantization!r}. Fix: set quantization: none and point "
+                         "model.path at a quantized checkpoint, or use runtime cpp")
+            if spec.speculative.method not in ("none", "eagle"):
+                p.append(f"speculative.method: runtime llmapi supports none, eagle here; got "
+                         f"{spec.speculative.method!r}. Fix: use eagle, or pass another "
+                         "speculative_config through tensorrtllm.llm_args")
+        elif _set(t, "llm_args"):
+            p.append("tensorrtllm.llm_args: applies to runtime llmapi only; got it with runtime "
+                     "cpp. Fix: remove it (use tensorrtllm.parameters) or set runtime: llmapi")
         for key, value in sorted(spec.tensorrtllm.parameters.items()):
+            if key in TRTLLM_PLACEHOLDERS:
+                p.append(f"tensorrtllm.parameters.{key}: is the name of a placeholder in "
+                         f"NVIDIA's template, not a key the backend reads (that key is "
+                         f"{TRTLLM_PLACEHOLDERS[key]}"
+                         + (f", set by {TRTLLM_DERIVED_PARAMETERS[TRTLLM_PLACEHOLDERS[key]]}"
+                            if TRTLLM_PLACEHOLDERS[key] in TRTLLM_DERIVED_PARAMETERS else "")
+                         + "). Fix: use that")
+                continue
             if key not in TRTLLM_PARAMETERS:
                 p.append(f"tensorrtllm.parameters.{key}: not a documented TensorRT-LLM backend "
                          f"parameter; allowed: {', '.join(sorted(TRTLLM_PARAMETERS))}. "
