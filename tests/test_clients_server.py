@@ -265,20 +265,13 @@ def test_tiny_timeout_is_timeout(triton_server: Any, clients: dict[str, Client],
 
 
 # ---------------------------------------------------------------------------- CLI
-_SERVER_KEY: list[str | None] = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _admin_key(triton_server: Any) -> None:
-    _SERVER_KEY[:] = [triton_server.admin_key]
-
-
 def _cli(*args: str, input: str | None = None) -> Any:
     from tritonforge.cli import _register_all, app
     from tritonforge.runtime.server import RESTRICTED_API_KEY_ENV
 
     _register_all()
-    env = {RESTRICTED_API_KEY_ENV: _SERVER_KEY[0] or ""}
+    # No key in the environment: the CLI finds the local server's key by itself.
+    env: dict[str, str | None] = {RESTRICTED_API_KEY_ENV: None}
     return CliRunner().invoke(app, list(args), input=input, env=env)
 
 

@@ -124,3 +124,61 @@ def test_serve_cli_defaults_are_loopback_and_restricted() -> None:
     params = inspect.signature(serve).parameters
     assert params["host"].default == "127.0.0.1"
     assert params["restrict_admin"].default is True
+
+
+@pytest.mark.server
+def test_local_commands_learn_the_key_other_callers_do_not(
+        triton_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The running server published its key for its own ports in a user-only file; a client
+    on this machine with no key configured discovers the model through it; a caller from
+    another address (127.0.0.2 here, a second loopback address: no traffic leaves the host)
+    that does not hold the key is refused by Triton itself, and so is a wrong key."""
+    import os
+    import stat
+
+    from tritonforge.clients import Client
+    from tritonforge.runtime import adminkey
+
+    monkeypatch.delenv(RESTRICTED_API_KEY_ENV, raising=False)
+    key = triton_server.admin_key
+    for url in (triton_server.http_url, triton_server.grpc_url):
+        path = adminkey.key_file(_port(url))
+        assert path.read_text() == key
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, oct(path.stat().st_mode)
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert path.stat().st_uid == os.getuid()
+        assert adminkey.local_key(url) == key
+        host_free = url.replace("127.0.0.1", "192.0.2.1")  # never contacted: a pure lookup
+        assert adminkey.local_key(host_free) is None  # the file is only for loopback URLs
+    for protocol, url in (("grpc", triton_server.grpc_url), ("http", triton_server.http_url)):
+        with Client(url, protocol=protocol) as client:  # type: ignore[arg-type]
+            assert client.model is None
+            assert client.complete("Hi", max_tokens=2).completion_tokens > 0
+            assert client.model == triton_server.model
+
+    base = f"http://{triton_server.http_url}"
+    with httpx.Client(timeout=10, transport=httpx.HTTPTransport(local_address="127.0.0.2")) as other:
+        refused = other.post(base + "/v2/repository/index", json={})
+        assert refused.status_code in (401, 403), (refused.status_code, refused.text)
+        wrong = other.post(base + "/v2/repository/index", json={}, headers={RESTRICTED_HEADER: "nope"})
+        assert wrong.status_code in (401, 403), wrong.status_code
+        assert other.post(base + "/v2/repository/index", json={},
+                          headers={RESTRICTED_HEADER: key}).status_code == 200
+        assert other.get(base + "/v2/health/ready").status_code == 200  # inference stays open
+
+
+def test_a_stopped_server_withdraws_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritonforge.runtime import adminkey
+
+    monkeypatch.setenv("TRITONFORGE_CACHE", str(tmp_path))
+    monkeypatch.delenv(RESTRICTED_API_KEY_ENV, raising=False)
+    written = adminkey.publish("k1", (40001, 40002))
+    assert adminkey.local_key("127.0.0.1:40001") == "k1"
+    assert adminkey.local_key("http://localhost:40002") == "k1"
+    os_chmod = written[0].chmod
+    os_chmod(0o644)  # readable by others: not trusted
+    assert adminkey.local_key("127.0.0.1:40001") is None
+    adminkey.publish("k2", (40002,))  # another server took the port since
+    adminkey.withdraw("k1", written)
+    assert not written[0].exists()
+    assert adminkey.local_key("127.0.0.1:40002") == "k2"  # not removed: not ours any more

@@ -48,6 +48,7 @@ def test_serve_answers_then_stops_without_orphans() -> None:
         assert "ready in" in out
         assert "Paris" in out  # the streamed answer
         assert "127.0.0.1:%d" % ports[0] in out
+        _run_the_printed_commands(out, ports)
         descendants = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(p.name() for p in descendants)
         assert "tritonserver" in names and len(descendants) >= 4, names
@@ -66,6 +67,47 @@ def test_serve_answers_then_stops_without_orphans() -> None:
             proc.kill()
             for p in psutil.Process(os.getpid()).children(recursive=True):
                 p.kill()
+
+
+def _run_the_printed_commands(out: str, ports: list[int]) -> None:
+    """Run what serve printed under "try next" as a newcomer would paste it: no admin key in
+    the environment, no --model. complete/chat/loadtest must discover the model themselves."""
+    block = out.split("try next", 1)[1].splitlines()[1:]
+    commands = [ln.strip() for ln in block if ln.startswith("  ") and not ln.strip().startswith("#")]
+    assert len(commands) == 3, block
+    assert all(f"127.0.0.1:{ports[1]}" in c or f"127.0.0.1:{ports[0]}" in c for c in commands), commands
+    env = {k: v for k, v in os.environ.items() if k != "TRITONFORGE_ADMIN_KEY"}
+    env["PATH"] = f"{Path(TRITONFORGE).parent}{os.pathsep}{env.get('PATH', '')}"
+    for cmd in commands:
+        stdin = "Say hi.\n" if " chat" in cmd else None
+        done = subprocess.run(cmd, shell=True, capture_output=True, text=True, cwd=ROOT, env=env,
+                              input=stdin, timeout=180)
+        text = done.stdout + done.stderr
+        assert done.returncode == 0 and "Traceback" not in text, (cmd, text[-2000:])
+        assert done.stdout.strip(), (cmd, text[-2000:])
+    # The load test too, with no --model: a short bounded run.
+    results = ROOT / ".cache" / "test-results" / f"serve-loadtest-{os.getpid()}"
+    done = subprocess.run(
+        [TRITONFORGE, "loadtest", "--url", f"127.0.0.1:{ports[1]}", "--users", "1", "--spawn-rate", "1",
+         "--duration", "6", "--max-tokens", "8", "--output", str(results)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_serve_refuses_a_broken_repository(tmp_path: Path) -> None:
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "model_repository", repo)
+    ensemble = next(p for p in repo.glob("*/config.pbtxt") if 'platform: "ensemble"' in p.read_text())
+    ensemble.write_text(ensemble.read_text().replace('model_name: "postprocessing"', 'model_name: "postprocesing"', 1))
+    proc = subprocess.run([TRITONFORGE, "serve", "--repo", str(repo), "--http-port", str(free_port())],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "postprocesing" in proc.stderr and "tritonforge validate" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "tritonserver" not in proc.stdout  # nothing was started
 
 
 @pytest.mark.parametrize(

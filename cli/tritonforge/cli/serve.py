@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["default_repository", "model_references", "register", "serve"]
+__all__ = ["default_repository", "model_references", "next_commands", "register", "serve"]
 
 
 def _console(stderr: bool = False) -> Any:
@@ -161,6 +161,14 @@ def serve(
     elif repo is not None:
         if not (repo.is_dir() and any(repo.glob("*/config.pbtxt"))):
             raise _fail(f"{repo} is not a model repository (no */config.pbtxt)", 2)
+        from tritonforge.render.validate import validate_repository
+
+        problems = validate_repository(repo)
+        if problems:
+            raise _fail(f"{repo} is not a servable repository ({len(problems)} problem(s)):\n"
+                        + "\n".join(f"  - {p}" for p in problems)
+                        + f"\nfix them (`tritonforge validate {repo}` checks again) or regenerate it "
+                        "from its spec with `tritonforge generate`", 2)
         repository = repo.resolve()
     else:
         repository = default_repository()
@@ -231,6 +239,8 @@ def serve(
             except RuntimeError as exc:
                 raise _fail(f"OpenAI gateway: {exc}") from None
             con.print(f"OpenAI API on http://{options.endpoint(openai_port)}/v1")
+        if model:
+            _print_next_commands(options, model, openai_port)
         if ask and model:
             _ask(options.grpc_url, model, ask, max_tokens)
             if exit_after_ask:
@@ -263,6 +273,52 @@ def serve(
             signal.signal(s, handler)
         if was_running:
             con.print(f"stopped (tritonserver exit code {code})")
+
+
+def _self_command() -> str:
+    """How this ``tritonforge`` was typed (``.venv/bin/tritonforge``), for commands to copy."""
+    import os
+
+    argv0 = Path(sys.argv[0])
+    if argv0.name != "tritonforge":
+        return "tritonforge"
+    if argv0.is_absolute():
+        try:
+            return str(argv0.relative_to(Path.cwd()))
+        except ValueError:
+            return str(argv0)
+    return sys.argv[0] if os.sep in sys.argv[0] else "tritonforge"
+
+
+def next_commands(options: Any, model: str, openai_port: int | None) -> list[str]:
+    """The commands a newcomer can paste next, for this server's ports (plain text)."""
+    import json
+    import shlex
+
+    from tritonforge.clients._base import DEFAULT_PORTS
+
+    me = _self_command()
+    url = "" if options.grpc_url == f"127.0.0.1:{DEFAULT_PORTS['grpc']}" else f" --url {options.grpc_url}"
+    body = json.dumps({"id": "1", "text_input": "Once upon a time", "max_tokens": 32})
+    lines = [
+        f'{me} complete "Once upon a time" --max-tokens 32{url}',
+        f"{me} chat{url}",
+        f"curl -N -X POST {options.http_url}/v2/models/{model}/generate_stream -d {shlex.quote(body)}",
+    ]
+    if openai_port:
+        lines.append(f"# OpenAI SDK: base_url=http://{options.endpoint(openai_port)}/v1  model={model}")
+    else:
+        gw = "" if not url else f" --triton-url {options.grpc_url}"
+        lines.append(f"# OpenAI API: serve with --openai-port 9000, or run `{me} gateway{gw}` "
+                     "(then base_url=http://127.0.0.1:8080/v1)")
+    return lines
+
+
+def _print_next_commands(options: Any, model: str, openai_port: int | None) -> None:
+    # Plain print, not rich: the lines must stay exactly as typed (no wrapping, no markup).
+    print("try next, in another terminal from this folder:", flush=True)
+    for line in next_commands(options, model, openai_port):
+        print(f"  {line}", flush=True)
 
 
 def _tick(status: Any, seconds: float, stop: threading.Event) -> None:

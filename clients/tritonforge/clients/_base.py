@@ -7,7 +7,6 @@ discovery, retry backoff, deadlines, and turning decoded responses into ``Chunk`
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -85,19 +84,22 @@ def pick_ensemble(platforms: dict[str, str]) -> str:
     )
 
 
-def _env_admin_key() -> str | None:
-    from tritonforge.runtime.server import RESTRICTED_API_KEY_ENV
+def _local_admin_key(url: str) -> str | None:
+    """``$TRITONFORGE_ADMIN_KEY``, else the key a local ``serve`` published for this port."""
+    from tritonforge.runtime.adminkey import local_key
 
-    return os.environ.get(RESTRICTED_API_KEY_ENV) or None
+    return local_key(url)
 
 
 def discovery_forbidden(exc: Forbidden) -> ModelNotReady:
     """The error when the repository index (needed to discover the model) is restricted."""
-    from tritonforge.runtime.server import RESTRICTED_API_KEY_ENV
+    from tritonforge.runtime.adminkey import ENV
 
     err = ModelNotReady(
         "cannot discover the model: the server restricts its repository index "
-        f"({exc}); pass the model name, or set {RESTRICTED_API_KEY_ENV} to the server's admin key"
+        f"({exc}) and no key for it is known here; pass the model name, or set {ENV} to the "
+        "server's admin key (a `tritonforge serve` on this machine publishes its key to "
+        "local commands itself)"
     )
     err.__cause__ = exc
     return err
@@ -228,7 +230,7 @@ class BaseClient:
             raise InvalidRequest(f"connect_retries must be >= 0; got {connect_retries}")
         self.connect_retries = connect_retries
         self._model = model
-        self._admin_key = admin_key if admin_key is not None else _env_admin_key()
+        self._admin_key = admin_key if admin_key is not None else _local_admin_key(self.url)
         self.check_requests = check_requests
 
     # -- request building ------------------------------------------------------------

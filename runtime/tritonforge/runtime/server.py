@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonforge.contract import DRAIN_FILE_ENV
+from tritonforge.runtime import adminkey
 from tritonforge.runtime.paths import cache_dir
 from tritonforge.triton_models.metrics import ENGINE_UP
 
@@ -50,7 +51,7 @@ __all__ = [
     "server_environment",
 ]
 
-RESTRICTED_API_KEY_ENV = "TRITONFORGE_ADMIN_KEY"
+RESTRICTED_API_KEY_ENV = adminkey.ENV
 RESTRICTED_HEADER = "admin-key"
 # Triton's admin-ish endpoint groups, closed unless the admin key header is sent.
 RESTRICTED_GROUPS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
@@ -210,6 +211,7 @@ class TritonServer:
         if key is None and options.restrict_admin:
             key = os.urandom(16).hex()
         self.admin_key = key
+        self._published: list[Path] = []
         self.drain_file = cache_dir() / "run" / f"drain-{options.http_port}-{os.getpid()}-{id(self):x}"
 
     @property
@@ -274,6 +276,10 @@ class TritonServer:
             env=env,
             start_new_session=True,
         )
+        if self.options.restrict_admin and self.admin_key:
+            # Local commands (complete, chat, loadtest, gateway) learn the key from here.
+            self._published = adminkey.publish(
+                self.admin_key, (self.options.http_port, self.options.grpc_port))
 
     def is_ready(self) -> bool:
         """Ready, and its metrics endpoint answers (Triton starts it just after HTTP)."""
@@ -346,6 +352,9 @@ class TritonServer:
         # Stubs and engine workers share the group; make sure none outlives the server.
         _signal_group(proc.pid, signal.SIGKILL)
         self.drain_file.unlink(missing_ok=True)
+        if self.admin_key:
+            adminkey.withdraw(self.admin_key, self._published)
+        self._published = []
         if self._log_handle is not None:
             with contextlib.suppress(Exception):
                 self._log_handle.close()  # type: ignore[attr-defined]
