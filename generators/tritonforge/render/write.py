@@ -49,8 +49,10 @@ def _write_tree(root: Path, files: dict[str, bytes]) -> None:
         os.chmod(d, 0o755)
 
 
-def write_repository(target: str | Path, files: dict[str, bytes]) -> None:
-    """Replace ``target`` with exactly ``files`` after validating them on disk."""
+def write_repository(target: str | Path, files: dict[str, bytes], *,
+                     validate: bool = True) -> None:
+    """Replace ``target`` with exactly ``files`` after validating them on disk as a model
+    repository (``validate=False``: the caller validated them, e.g. Kubernetes manifests)."""
     target = Path(target).absolute()
     _check_target(target)
     parent = target.parent
@@ -58,7 +60,7 @@ def write_repository(target: str | Path, files: dict[str, bytes]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.new-", dir=parent))
     try:
         _write_tree(tmp, files)
-        problems = validate_repository(tmp)
+        problems = validate_repository(tmp) if validate else []
         if problems:
             prefix = str(tmp)
             raise ValidationFailed([

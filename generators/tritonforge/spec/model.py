@@ -161,6 +161,11 @@ class Parallelism(_Section):
     gpu_device_ids: list[int] | None = None
     """GPUs to use, one per rank (``tensor_parallel_size * pipeline_parallel_size``)."""
 
+    nodes: int = Field(default=1, ge=1, le=64)
+    """Pods (machines) one engine replica spans; each gets ``tensor_parallel_size *
+    pipeline_parallel_size / nodes`` GPUs. Above 1, ``generate --k8s`` emits a
+    LeaderWorkerSet (TensorRT-LLM: MPI leader/workers; vLLM: Ray head/workers)."""
+
 
 class Speculative(_Section):
     """Speculative decoding."""

@@ -26,9 +26,9 @@ from tritonforge.spec.model import PACKAGED_MODEL, Spec
 from tritonforge.spec.names import name_problem
 
 __all__ = [
+    "LLMAPI_DERIVED_ARGS",
     "QUANTIZATION_BY_BACKEND",
     "RESERVED_MODEL_NAMES",
-    "LLMAPI_DERIVED_ARGS",
     "SPECULATIVE_BY_BACKEND",
     "TRTLLM_DERIVED_PARAMETERS",
     "VLLM_DERIVED_ENGINE_ARGS",
@@ -259,6 +259,24 @@ def check_spec(spec: Spec) -> list[str]:
                      "Fix: remove duplicates")
         if spec.device == "cpu":
             p.append("parallelism.gpu_device_ids: device is cpu; got GPU ids. Fix: remove them")
+
+    if par.nodes > 1:
+        if world % par.nodes:
+            p.append(f"parallelism.nodes: must divide tensor_parallel_size x "
+                     f"pipeline_parallel_size ({world}) so every pod gets the same number of "
+                     f"GPUs; got {par.nodes}. Fix: use a divisor of {world}")
+        if spec.device != "gpu":
+            p.append(f"parallelism.nodes: an engine across machines needs device: gpu; got "
+                     f"device {spec.device!r}. Fix: set device: gpu, or nodes: 1 (on CPU, "
+                     "tensor/pipeline parallel ranks run as processes of one machine)")
+        if par.gpu_device_ids is not None:
+            p.append("parallelism.gpu_device_ids: with nodes > 1 each pod sees only its own "
+                     "GPUs; got a list. Fix: remove it")
+        executor = spec.vllm.engine_args.get("distributed_executor_backend")
+        if b == "vllm" and executor != "ray":
+            p.append(f"vllm.engine_args.distributed_executor_backend: vLLM spans machines only "
+                     f"with its Ray executor; got {executor!r}. Fix: set it to 'ray' (the Ray "
+                     "head runs in the leader pod, Ray workers in the others)")
 
     sp = spec.speculative
     allowed_s = SPECULATIVE_BY_BACKEND[b]
