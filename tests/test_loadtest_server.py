@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 import tritonforge.loadtests as loadtests_pkg
 from tritonforge.loadtests import prom
+from tritonforge.loadtests.metrics import ENTRY_ITL, ENTRY_LATENCY, ENTRY_TTFT, timing_type
 from tritonforge.runtime.server import free_port
 
 LOCUSTFILE = Path(loadtests_pkg.__file__).resolve().parent / "locustfile.py"
-ENTRIES = ("time_to_first_token", "inter_token_latency", "request_latency")
+ENTRIES = (ENTRY_TTFT, ENTRY_ITL, ENTRY_LATENCY)
 BOUND = 30.0  # seconds, per Locust run (start-up + run time + draining in-flight requests)
 
 
@@ -69,24 +70,34 @@ def _summary(out: Path) -> dict[str, Any]:
 def _assert_complete_run(out: Path, label: str, entries: tuple[str, ...]) -> dict[str, Any]:
     stats = _stats(out)
     for name in entries:
-        row = stats[(label, name)]
+        # one request event per logical request; TTFT / ITL under their own Type
+        row = stats[(label if name == ENTRY_LATENCY else timing_type(label), name)]
         assert int(row["Request Count"]) > 0, (name, row)
         assert int(row["Failure Count"]) == 0, (name, row)
         assert float(row["Median Response Time"]) > 0 and float(row["95%"]) > 0
-    latency = stats[(label, "request_latency")]
+    latency = stats[(label, ENTRY_LATENCY)]
     assert float(latency["Average Content Size"]) > 0  # output tokens per request
-    assert int(stats[("", "Aggregated")]["Failure Count"]) == 0
+    aggregated = stats[("", "Aggregated")]
+    assert int(aggregated["Failure Count"]) == 0
     summary = _summary(out)
     assert summary["requests"]["failed"] == 0 and summary["requests"]["succeeded"] > 0
     assert summary["requests"]["succeeded"] == int(latency["Request Count"])
+    # N requests are N in Locust's aggregated row (the timing entries do not add to it)
+    assert int(aggregated["Request Count"]) == int(latency["Request Count"])
+    # ... and each timing entry counted each successful request once
+    for name in entries:
+        if name != ENTRY_LATENCY:
+            assert int(stats[(timing_type(label), name)]["Request Count"]) == int(latency["Request Count"])
     assert summary["output_tokens_total"] > 0
     assert summary["output_token_throughput_per_s"] > 0 and summary["request_throughput_per_s"] > 0
-    keys = {"time_to_first_token": "time_to_first_token_ms",
-            "inter_token_latency": "inter_token_latency_ms",
-            "request_latency": "request_latency_ms"}
+    keys = {ENTRY_TTFT: "time_to_first_token_ms", ENTRY_ITL: "inter_token_latency_ms",
+            ENTRY_LATENCY: "request_latency_ms"}
     for name in entries:
         st = summary[keys[name]]
         assert {"p50", "p90", "p95", "p99", "mean"} <= set(st) and st["p50"] > 0
+        # the Locust entry holds the same values as the per-request records (mean: exact sum)
+        row = stats[(label if name == ENTRY_LATENCY else timing_type(label), name)]
+        assert float(row["Average Response Time"]) == pytest.approx(st["mean"], rel=1e-3), (name, row)
     # the CSV and the JSON count the same tokens
     assert summary["output_tokens_total"] == round(
         float(latency["Average Content Size"]) * int(latency["Request Count"]))
@@ -131,8 +142,8 @@ def test_http_sse_streaming_run(triton_server: Any, tmp_path: Path) -> None:
 def test_http_non_streaming_run(triton_server: Any, tmp_path: Path) -> None:
     res = _run(_locust(triton_server, tmp_path, protocol="http-sync"), _env(triton_server))
     assert res.returncode == 0, res.stderr[-3000:]
-    summary = _assert_complete_run(tmp_path, "http-generate", ("time_to_first_token", "request_latency"))
-    assert ("http-generate", "inter_token_latency") not in _stats(tmp_path)
+    summary = _assert_complete_run(tmp_path, "http-generate", (ENTRY_TTFT, ENTRY_LATENCY))
+    assert (timing_type("http-generate"), ENTRY_ITL) not in _stats(tmp_path)
     assert summary["inter_token_latency_ms"] is None  # undefined for one response per request
     assert summary["time_to_first_token_ms"]["p50"] == pytest.approx(summary["request_latency_ms"]["p50"])
 
@@ -192,8 +203,8 @@ def test_refused_requests_are_failures(triton_server: Any, tmp_path: Path) -> No
     assert summary["requests"]["succeeded"] == 0 and summary["requests"]["failed"] > 0
     assert any("no_such_model" in e for e in summary["errors"]), summary["errors"]
     stats = _stats(tmp_path)
-    assert int(stats[("grpc-stream", "request_latency")]["Failure Count"]) > 0
-    assert ("grpc-stream", "time_to_first_token") not in stats
+    assert int(stats[("grpc-stream", ENTRY_LATENCY)]["Failure Count"]) > 0
+    assert (timing_type("grpc-stream"), ENTRY_TTFT) not in stats
 
 
 def test_bad_setting_is_one_line_exit_2(tmp_path: Path) -> None:

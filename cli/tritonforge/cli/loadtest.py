@@ -124,17 +124,19 @@ def build_command(
 
 
 def _live_stats(output: Path) -> dict[str, float]:
+    from tritonforge.loadtests.metrics import ENTRY_LATENCY, ENTRY_TTFT
+
     path = output / "locust_stats.csv"
     out = {"requests": 0.0, "failures": 0.0, "ttft_ms": 0.0, "tokens": 0.0}
     try:
         with path.open(newline="") as f:
             for row in csv.DictReader(f):
-                if row.get("Name") == "request_latency":
+                if row.get("Name") == ENTRY_LATENCY:
                     n = float(row["Request Count"])
                     out["requests"] += n
                     out["failures"] += float(row["Failure Count"])
                     out["tokens"] += n * float(row.get("Average Content Size") or 0)
-                elif row.get("Name") == "time_to_first_token":
+                elif row.get("Name") == ENTRY_TTFT:
                     out["ttft_ms"] = max(out["ttft_ms"], float(row["Median Response Time"] or 0))
     except (OSError, ValueError, KeyError):
         pass
@@ -230,7 +232,7 @@ def register(app: typer.Typer) -> None:
         url: Annotated[str | None, typer.Option(
             "--url", help="Server HOST:PORT (default 127.0.0.1:8001 for grpc, :8000 for http).")] = None,
         model: Annotated[str | None, typer.Option(
-            "--model", help="Ensemble to load (default: discovered; needs TRITONFORGE_ADMIN_KEY).")] = None,
+            "--model", help="Ensemble to load (default: discovered; a local serve's admin key is found by itself, else set TRITONFORGE_ADMIN_KEY).")] = None,
         users: Annotated[int, typer.Option("--users", help="Concurrent users.")] = 8,
         spawn_rate: Annotated[float, typer.Option("--spawn-rate", help="Users started per second.")] = 2.0,
         duration: Annotated[float, typer.Option("--duration", help="Run time, seconds.")] = 60.0,

@@ -24,14 +24,30 @@ import numpy as np
 from tritonforge.loadtests.records import Record
 
 __all__ = [
+    "ENTRY_ITL",
+    "ENTRY_LATENCY",
+    "ENTRY_TTFT",
     "LATENCY_METRICS",
     "PERCENTILES",
     "describe",
     "summarize",
     "timeline",
+    "timing_type",
 ]
 
 PERCENTILES: Final = (25, 50, 75, 90, 95, 99)
+#: Names of the Locust statistics entries (see ``users``): one request event per logical
+#: request (``ENTRY_LATENCY``, Type = the user's label) and two token-timing entries under
+#: their own Type (:func:`timing_type`), outside the aggregated request count.
+ENTRY_TTFT: Final = "time_to_first_token"
+ENTRY_ITL: Final = "inter_token_latency"
+ENTRY_LATENCY: Final = "request_latency"
+
+
+def timing_type(label: str) -> str:
+    """The Locust ``Type`` of the TTFT / ITL entries of a user labelled ``label``."""
+    return f"{label}/timing"
+
 #: Summary keys of the per-request latency statistics (milliseconds).
 LATENCY_METRICS: Final = ("time_to_first_token_ms", "inter_token_latency_ms", "request_latency_ms")
 

@@ -1,17 +1,26 @@
 """Locust users for a tritonforge deployment: gRPC streaming, HTTP SSE, HTTP non-streaming.
 
-Importing this module imports Locust (which monkey-patches the process with gevent) and
-makes gRPC gevent-compatible (``grpc.experimental.gevent.init_gevent()``, before any
-channel exists). Load it from a locustfile only, never from a test or CLI process.
+Importing this module imports Locust (which monkey-patches the process with gevent). Load
+it from a locustfile only, never from a test or CLI process. The gRPC user runs its
+streams in a child process on grpc's asyncio (:mod:`tritonforge.loadtests.grpc_worker`),
+not through gRPC's gevent integration, which handed every streamed message to the hub.
 
-Every request reports to Locust's statistics as separate named entries, so the web UI and
-the CSVs show them side by side (``Type`` is the user's ``label``):
+Each logical request is ONE Locust request event, so Locust's request count, RPS and
+failure ratio (the "Aggregated" row, the CSVs, the web UI) count requests, not entries:
+
+* ``request_latency`` (``Type`` = the user's ``label``) -- send to last response; its
+  ``response_length`` (Locust's "content size" column) is the number of output tokens,
+  counted by re-tokenizing the returned text with the served model's tokenizer. Failures
+  are reported here only.
+
+Two more entries show the token timings of the successful requests next to it, under their
+own ``Type`` (``<label>/timing``, see :func:`timing_type`). They are logged into Locust's
+statistics table directly, not fired as request events, so they do not add to the
+aggregated row (nor to other request listeners); in distributed mode they travel to the
+master with the other entries:
 
 * ``time_to_first_token`` -- first response minus send time;
-* ``inter_token_latency`` -- (latency - TTFT) / (output tokens - 1) (streaming users);
-* ``request_latency`` -- send to last response; its ``response_length`` (Locust's
-  "content size" column) is the number of output tokens, counted by re-tokenizing the
-  returned text with the served model's tokenizer. Failures are reported here only.
+* ``inter_token_latency`` -- (latency - TTFT) / (output tokens - 1) (streaming users).
 
 A request succeeds on meaning: a stream that ends without any token is a failure.
 
@@ -23,21 +32,24 @@ command-line settings (``--model``, ``--max-tokens``, ``--dataset`` ...).
 from __future__ import annotations
 
 import json
-import os
-import threading
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gevent  # type: ignore[import-untyped]
-import grpc.experimental.gevent as grpc_gevent
 from gevent import GreenletExit
+from gevent.event import AsyncResult  # type: ignore[import-untyped]
+from gevent.lock import BoundedSemaphore  # type: ignore[import-untyped]
 from locust import User, constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import LocustError, StopUser
-from tritonforge.clients import Client, Request, TritonForgeError, _wire
+from tritonforge.clients import Request, TritonForgeError, _wire
 from tritonforge.clients._http import error_text, status_error
 from tritonforge.loadtests.datasets import Prompt, PromptPool, cached_prompts
+from tritonforge.loadtests.grpc_worker import describe_error, request_fields
+from tritonforge.loadtests.metrics import ENTRY_ITL, ENTRY_LATENCY, ENTRY_TTFT, timing_type
 from tritonforge.loadtests.options import Settings
 from tritonforge.loadtests.records import Record
 from tritonforge.loadtests.session import STATE
@@ -48,22 +60,15 @@ __all__ = [
     "ENTRY_LATENCY",
     "ENTRY_TTFT",
     "GrpcStreamUser",
+    "GrpcTransport",
     "HttpGenerateUser",
     "HttpStreamUser",
     "Outcome",
     "RequestFailed",
     "TritonForgeUser",
+    "timing_type",
 ]
 
-grpc_gevent.init_gevent()
-# gRPC's gevent integration waits for each call's next message on a thread of the hub's
-# thread pool; its default size (10) would cap the streams in flight, whatever the users.
-_pool = gevent.get_hub().threadpool
-_pool.maxsize = max(_pool.maxsize, int(os.environ.get("TRITONFORGE_GRPC_THREADS", "512")))
-
-ENTRY_TTFT = "time_to_first_token"
-ENTRY_ITL = "inter_token_latency"
-ENTRY_LATENCY = "request_latency"
 
 
 class RequestFailed(Exception):
@@ -80,9 +85,7 @@ class Outcome:
     error: str = ""
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+_describe = describe_error
 
 
 class TritonForgeUser(User):
@@ -170,54 +173,117 @@ class TritonForgeUser(User):
         rec = Record(start=start, ttft=outcome.ttft if not error else None,
                      latency=outcome.latency, output_tokens=tokens,
                      input_tokens=prompt.input_tokens, error=error, streaming=self.streaming)
-        fire = self.environment.events.request.fire
         ms = 1000.0
         if rec.ok:
+            stats = self.environment.stats
+            kind = timing_type(self.label)
             if rec.ttft is not None:
-                fire(request_type=self.label, name=ENTRY_TTFT, response_time=rec.ttft * ms,
-                     response_length=0, exception=None, context={}, start_time=start)
+                stats.get(ENTRY_TTFT, kind).log(rec.ttft * ms, 0)
             if rec.itl is not None:
-                fire(request_type=self.label, name=ENTRY_ITL, response_time=rec.itl * ms,
-                     response_length=0, exception=None, context={}, start_time=start)
-        fire(request_type=self.label, name=ENTRY_LATENCY, response_time=rec.latency * ms,
-             response_length=tokens, exception=RequestFailed(error) if error else None,
-             context={}, start_time=start)
+                stats.get(ENTRY_ITL, kind).log(rec.itl * ms, 0)
+        self.environment.events.request.fire(
+            request_type=self.label, name=ENTRY_LATENCY, response_time=rec.latency * ms,
+            response_length=tokens, exception=RequestFailed(error) if error else None,
+            context={}, start_time=start)
         STATE.record(rec)
         return rec
 
 
 # ----------------------------------------------------------------------------------------
-_clients_lock = threading.Lock()
-_clients: dict[tuple[str, str], Client] = {}
+class GrpcTransport:
+    """This process's side of :mod:`~tritonforge.loadtests.grpc_worker`: one child process
+    per (address, model), shared by every gRPC user of this Locust process."""
+
+    def __init__(self, url: str, model: str, timeout: float) -> None:
+        # gevent's subprocess: the pipes are cooperative, a greenlet waits, not the process.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tritonforge.loadtests.grpc_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )
+        self._lock = BoundedSemaphore(1)
+        self._pending: dict[int, Any] = {}
+        self._next = 0
+        self._send({"url": url, "model": model, "timeout": timeout})
+        self._reader = gevent.spawn(self._read)
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        data = (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+        with self._lock:  # one line at a time: a cooperative write may yield mid-line
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            waiter = self._pending.pop(msg["id"], None)
+            if waiter is not None:
+                waiter.set(msg)
+        for waiter in self._pending.values():
+            waiter.set({"text": "", "ttft": None, "latency": 0.0,
+                        "error": f"the gRPC worker process exited (code {self.proc.poll()})"})
+        self._pending.clear()
+
+    def call(self, request: Request) -> Outcome:
+        self._next += 1
+        rid = self._next
+        waiter = AsyncResult()
+        self._pending[rid] = waiter
+        t0 = time.perf_counter()
+        try:
+            self._send({"id": rid, "request": request_fields(request)})
+            msg = waiter.get()
+        except (GreenletExit, StopUser):
+            self._pending.pop(rid, None)
+            try:
+                self._send({"cancel": rid})
+            except OSError:
+                pass
+            raise
+        except OSError as exc:
+            self._pending.pop(rid, None)
+            return Outcome("", None, time.perf_counter() - t0, _describe(exc))
+        return Outcome(msg["text"], msg["ttft"], msg["latency"], msg["error"])
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(15)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
 
 
-def shared_client(url: str, model: str, timeout: float) -> Client:
-    """One typed gRPC client (one channel) per address and model, shared by all users."""
-    with _clients_lock:
-        key = (url, model)
-        if key not in _clients:
-            _clients[key] = Client(url, protocol="grpc", model=model, timeout=timeout,
-                                   connect_retries=0)
-        return _clients[key]
+_transports: dict[tuple[str, str], GrpcTransport] = {}
 
 
-def close_clients() -> None:
-    with _clients_lock:
-        clients = list(_clients.values())
-        _clients.clear()
-    for c in clients:
-        c.close()
+def shared_transport(url: str, model: str, timeout: float) -> GrpcTransport:
+    """One gRPC worker child per address and model, shared by all users of this process."""
+    key = (url, model)
+    if key not in _transports:
+        _transports[key] = GrpcTransport(url, model, timeout)
+    return _transports[key]
 
 
-def _close_clients_at_exit(**_kw: Any) -> None:
-    close_clients()
+def close_transports() -> None:
+    transports = list(_transports.values())
+    _transports.clear()
+    for t in transports:
+        t.close()
 
 
-events.quitting.add_listener(_close_clients_at_exit)  # type: ignore[no-untyped-call]
+def _close_transports_at_exit(**_kw: Any) -> None:
+    close_transports()
+
+
+events.quitting.add_listener(_close_transports_at_exit)  # type: ignore[no-untyped-call]
 
 
 class GrpcStreamUser(TritonForgeUser):
-    """Streams over gRPC (``ModelStreamInfer``) through the typed sync client.
+    """Streams over gRPC (``ModelStreamInfer``) through the typed ``AsyncClient``, run by
+    this process's gRPC worker child (see :class:`GrpcTransport`).
 
     ``url`` (``HOST:PORT``; ``None``: ``--triton-grpc``) is the gRPC address.
     """
@@ -229,18 +295,10 @@ class GrpcStreamUser(TritonForgeUser):
         super().__init__(environment)
         s: Settings | None = STATE.settings
         url = self._setting(type(self).url, s.grpc_url if s else "", "url", "--triton-grpc")
-        self.client_ = shared_client(url, self.cfg_model, self.cfg_timeout)
+        self.transport = shared_transport(url, self.cfg_model, self.cfg_timeout)
 
     def send(self, prompt: Prompt) -> Outcome:
-        t0 = time.perf_counter()
-        try:
-            with self.client_.stream(self.request_for(prompt)) as s:
-                for _ in s:
-                    pass
-                c = s.completion
-        except TritonForgeError as exc:
-            return Outcome("", None, time.perf_counter() - t0, _describe(exc))
-        return Outcome(c.text, c.ttft, c.latency)
+        return self.transport.call(self.request_for(prompt))
 
 
 def _http_base(s: Settings | None, url: str | None) -> str:
