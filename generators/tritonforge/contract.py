@@ -692,6 +692,7 @@ class Param(str, enum.Enum):
     ENGINE_MODEL = "tritonforge_engine_model"  # postprocessing / sync: the engine to stop
     MAX_QUEUE_SIZE = "tritonforge_max_queue_size"  # engine: requests waiting before OVERLOADED
     ENGINE_ENV = "tritonforge_engine_env"  # JSON {VAR: value} set before importing the engine
+    ENGINE_DECOUPLED = "tritonforge_engine_decoupled"  # preprocessing: "true" if the engine streams
 
 
 def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:

@@ -340,6 +340,8 @@ def plan_repository(spec: Spec) -> RepoPlan:
             C.Param.MAX_MODEL_LEN.value: str(s.model.max_model_len),
             C.Param.MAX_PROMPT_BYTES.value: str(s.limits.max_prompt_bytes),
             C.Param.LORA_ADAPTERS.value: json_text(adapters),
+            **({C.Param.ENGINE_DECOUPLED.value: _b(s.streaming)}
+               if kind is C.EngineKind.TRTLLM_CPP else {}),
         },
         description="Validates a request, tokenizes it and fills the spec's defaults.",
     )

@@ -6,7 +6,10 @@ flagged final. A request with ``stop=true`` cancels the live request(s) carrying
 request id, as with the TensorRT-LLM backend. Non-decoupled (streaming off in the spec):
 ``execute`` waits for each request's single response.
 
-Which engine adapter runs is the ``tritonforge_engine_kind`` parameter (vLLM by default).
+Which engine adapter runs is the ``tritonforge_engine_kind`` parameter (vLLM by default):
+``trtllm_llmapi`` runs TensorRT-LLM's LLM API (``engine.trtllm_llmapi``; its ``LLM()``
+arguments in ``1/model.yaml``); ``trtllm_cpp`` runs vLLM answering as NVIDIA's C++ backend
+does (see ``EngineRunner.cpp_outputs``) -- the CPU stand-in for that backend in tests.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,17 +84,31 @@ class _CollectingResponder:
         return bool(self.request.is_cancelled())
 
 
-def _make_adapter(kind: EngineKind, params: dict[str, str]) -> Any:
-    from tritonforge.runtime.models import resolve_model
+def _llm_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The LLM-API engine model's ``tensorrt_llm.LLM()`` arguments: ``1/model.yaml``."""
+    import yaml
 
-    model_path = str(resolve_model(params[Param.MODEL.value]))
-    engine_args = json.loads(params.get(Param.ENGINE_ARGS.value) or "{}")
-    engine_args.pop("model", None)
+    path = Path(args["model_repository"]) / str(args.get("model_version") or "1") / "model.yaml"
+    data = yaml.safe_load(path.read_text("utf-8"))
+    if not isinstance(data, dict) or "model" not in data:
+        raise ValueError(f"{path}: must be a mapping of tensorrt_llm.LLM() arguments with 'model'")
+    return data
+
+
+def _make_adapter(kind: EngineKind, params: dict[str, str], args: dict[str, Any]) -> Any:
     lora = json.loads(params.get(Param.LORA_ADAPTERS.value) or "{}")
-    if kind is EngineKind.VLLM:
+    if kind is EngineKind.TRTLLM_LLMAPI:
+        from tritonforge.triton_models.engine.trtllm_llmapi import LlmApiAdapter
+
+        return LlmApiAdapter(_llm_args(args), lora_adapters=lora)
+    if kind in (EngineKind.VLLM, EngineKind.TRTLLM_CPP):  # TRTLLM_CPP: the CPU stand-in
+        from tritonforge.runtime.models import resolve_model
         from tritonforge.triton_models.engine.vllm import VllmAdapter
 
-        return VllmAdapter(model_path, engine_args, lora_adapters=lora)
+        engine_args = json.loads(params.get(Param.ENGINE_ARGS.value) or "{}")
+        engine_args.pop("model", None)
+        return VllmAdapter(str(resolve_model(params[Param.MODEL.value])), engine_args,
+                           lora_adapters=lora)
     raise ValueError(f"{Param.ENGINE_KIND.value}: no engine adapter for {kind.value!r} in this model")
 
 
@@ -109,8 +127,9 @@ class TritonPythonModel:
         except ImportError:
             metrics = None
         queue = int(params.get(Param.MAX_QUEUE_SIZE.value) or 0)
-        self.runner = EngineRunner(_make_adapter(kind, params), metrics=metrics,
-                                   max_queue_size=queue or None)
+        self.runner = EngineRunner(_make_adapter(kind, params, args), metrics=metrics,
+                                   max_queue_size=queue or None,
+                                   cpp_outputs=kind is EngineKind.TRTLLM_CPP)
         self.runner.start()
 
     def _handle(self, request: Any, responder: Any) -> None:

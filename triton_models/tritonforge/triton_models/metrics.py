@@ -58,6 +58,10 @@ __all__ = [
     "GENERATION_TOKENS",
     "HISTOGRAMS",
     "KV_CACHE_USAGE",
+    "POSTPROCESSING_METRIC_NAMES",
+    "POST_FINISHED",
+    "POST_OPEN_REQUESTS",
+    "POST_REQUEST_FACTS",
     "PROMPT_TOKENS",
     "REQUESTS_FINISHED",
     "REQUESTS_RUNNING",
@@ -67,6 +71,7 @@ __all__ = [
     "TTFT",
     "TTFT_BUCKETS",
     "EngineMetrics",
+    "PostprocessingMetrics",
 ]
 
 TTFT: Final = "tritonforge_engine_time_to_first_token_seconds"
@@ -441,3 +446,69 @@ class EngineMetrics:
         elif self._triton is not None:
             sink = self._triton
             sink.submit(lambda: sink.metric(name).set(float(v)))
+
+
+# ------------------------------------------------------------------------------------------
+POST_OPEN_REQUESTS: Final = "tritonforge_postprocessing_open_requests"
+POST_REQUEST_FACTS: Final = "tritonforge_postprocessing_request_facts"
+POST_FINISHED: Final = "tritonforge_postprocessing_requests_finished_total"
+POSTPROCESSING_METRIC_NAMES: Final = frozenset({POST_OPEN_REQUESTS, POST_REQUEST_FACTS, POST_FINISHED})
+_POST_DESCRIPTIONS: Final = {
+    POST_OPEN_REQUESTS: "Requests postprocessing holds detokenizer state for (freed on each "
+                        "request's last response or cancellation).",
+    POST_REQUEST_FACTS: "Request facts preprocessing left for postprocessing (TensorRT-LLM C++ "
+                        "path only; deleted on each request's last response).",
+    POST_FINISHED: "Streams postprocessing ended, by the finish reason it answered.",
+}
+
+
+class PostprocessingMetrics:
+    """Postprocessing's own series (labelled ``model``, ``version``): how much per-request
+    state it holds, and the finish reasons it answered. Gauges are set only when they
+    change; outside Triton the values are kept in memory (``value``)."""
+
+    def __init__(self, model_name: str, model_version: str = "1") -> None:
+        self.labels: _Labels = {"model": model_name, "version": str(model_version)}
+        self._values: dict[SampleKey, float] = {}
+        self._metrics: dict[SampleKey, Any] = {}
+        self._families: dict[str, Any] = {}
+        pb = _load_pb_utils()
+        if pb is not None:
+            fam = pb.MetricFamily
+            for name, kind in ((POST_OPEN_REQUESTS, fam.GAUGE), (POST_REQUEST_FACTS, fam.GAUGE),
+                               (POST_FINISHED, fam.COUNTER)):
+                self._families[name] = fam(name=name, description=_POST_DESCRIPTIONS[name], kind=kind)
+
+    def _metric(self, name: str, extra: _Labels | None = None) -> tuple[SampleKey, Any]:
+        labels = {**self.labels, **(extra or {})}
+        key = (name, tuple(sorted(labels.items())))
+        if key not in self._metrics and self._families:
+            self._metrics[key] = self._families[name].Metric(labels=labels)
+        return key, self._metrics.get(key)
+
+    def _set(self, name: str, v: float) -> None:
+        key, m = self._metric(name)
+        if self._values.get(key) == v:
+            return
+        self._values[key] = v
+        if m is not None:
+            m.set(v)
+
+    def set_open_requests(self, n: int) -> None:
+        self._set(POST_OPEN_REQUESTS, float(n))
+
+    def set_request_facts(self, n: int) -> None:
+        self._set(POST_REQUEST_FACTS, float(n))
+
+    def add_finished(self, finish_reason: str) -> None:
+        key, m = self._metric(POST_FINISHED, {"finish_reason": finish_reason or "none"})
+        self._values[key] = self._values.get(key, 0.0) + 1
+        if m is not None:
+            m.increment(1)
+
+    def value(self, name: str, **labels: str) -> float:
+        return self._values.get((name, tuple(sorted({**self.labels, **labels}.items()))), 0.0)
+
+    def close(self) -> None:
+        self._metrics.clear()  # metrics before their families (the API requires it)
+        self._families.clear()

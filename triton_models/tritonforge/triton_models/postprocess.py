@@ -10,19 +10,36 @@ dropped when the request finishes or is cancelled, and bounded (least recently u
 in case a request's end is never seen. A request without either is decoded chunk by chunk;
 tritonforge's engine cuts chunks on character boundaries, so that is exact for byte-level
 BPE tokenizers too.
+
+The TensorRT-LLM C++ backend returns no finish reason (and no request key, and no prompt
+length). For its requests postprocessing derives the finish reason itself from the facts
+preprocessing left for the request id (``request_facts``), on every response:
+
+* ``stop`` -- the response ends with the request's end_id (dropped from the text), or the
+  generated ids end with one of its stop words (held back while they could still become one,
+  never returned: the backend returns them), or a streamed response carries no token (the
+  backend sends a token with every response but the last one, which it leaves empty when
+  the generation ended at end_id, since end_id itself is not returned), or the request does
+  not stream (its one response is the last one);
+* ``length`` -- max_tokens generated;
+* ``cancelled`` -- the client went away (see ``postprocessing_model``).
+
+Either way a request's state (and its facts) is dropped on its last response.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from tritonforge.contract import FinishReason
 from tritonforge.triton_models.detokenize import Decoder, IncrementalDetokenizer
+from tritonforge.triton_models.engine.request import StopMatcher
+from tritonforge.triton_models.request_facts import RequestFacts
 
 __all__ = ["PostResult", "Postprocessor", "scalar"]
 
@@ -32,6 +49,11 @@ class _State:
     detok: IncrementalDetokenizer
     tokens: int
     touched: float
+    facts: RequestFacts | None = None  # C++ path: what preprocessing completed the request with
+    stopper: StopMatcher | None = None
+    generated: int = 0
+    echo_left: int = 0  # prompt tokens still to come back (exclude_input_in_output false)
+    derive: bool = field(default=False)
 
 
 @dataclass(frozen=True)
@@ -62,11 +84,22 @@ def scalar(arr: np.ndarray | None, default: Any = None) -> Any:
 
 
 class Postprocessor:
-    def __init__(self, decode: Decoder, end_id: int | None = None, max_states: int = 65536) -> None:
+    def __init__(
+        self,
+        decode: Decoder,
+        end_id: int | None = None,
+        max_states: int = 65536,
+        *,
+        facts: Callable[[str], RequestFacts | None] | None = None,
+        drop_facts: Callable[[str], None] | None = None,
+    ) -> None:
         self.decode = decode
         self.end_id = end_id
         self.max_states = max_states
+        self.facts = facts
+        self.drop_facts = drop_facts
         self._states: OrderedDict[str, _State] = OrderedDict()
+        self.finished: Callable[[str], None] | None = None  # told each finish reason answered
 
     @property
     def open_requests(self) -> int:
@@ -85,6 +118,31 @@ class Postprocessor:
     def forget(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> None:
         """Drop a request's state (it was cancelled: no final response will come)."""
         self._states.pop(self.state_id(inputs, request_id), None)
+        if self.drop_facts is not None and request_id and not self.request_key(inputs):
+            self.drop_facts(request_id)
+
+    def _derive(self, state: _State, ids: list[int]) -> tuple[list[int], str]:
+        """The C++ path: this response's ids to decode and its finish reason ("" while the
+        request runs), from the request's facts (see the module docstring)."""
+        f = state.facts
+        assert f is not None
+        echo = min(len(ids), state.echo_left)
+        state.echo_left -= echo
+        prompt, new = ids[:echo], ids[echo:]
+        hit_end = bool(new) and f.end_id is not None and new[-1] == f.end_id
+        if hit_end:
+            new = new[:-1]
+        state.generated += len(new) + int(hit_end)
+        reason, stopped = "", False
+        if state.stopper is not None:
+            new, stopped = state.stopper.feed(new)
+        if hit_end or stopped or not ids or not f.streaming:
+            reason = FinishReason.STOP.value
+        if state.generated >= f.max_tokens and not (hit_end or stopped):
+            reason = FinishReason.LENGTH.value
+        if reason and state.stopper is not None and not stopped:
+            new += state.stopper.flush()
+        return prompt + new, reason
 
     def process(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> PostResult:
         ids_arr = inputs["output_ids"]
@@ -98,6 +156,9 @@ class Postprocessor:
         if hit_end:  # the C++ backend leaves end_id out; an engine that includes it is trimmed
             ids = ids[:-1]
         reason = str(scalar(inputs.get("engine_finish_reason"), "") or "")
+        client_id = request_id
+        derive = (not reason and self.facts is not None and bool(client_id)
+                  and not self.request_key(inputs))  # the C++ engine: no reason, no key
         if not reason and hit_end:
             reason = FinishReason.STOP.value
         n_input = int(scalar(inputs.get("engine_num_input_tokens"), -1))
@@ -112,15 +173,32 @@ class Postprocessor:
         state = self._states.get(request_id)
         if state is None:
             state = _State(IncrementalDetokenizer(self.decode), 0, now)
+            if derive and self.facts is not None:
+                state.facts = self.facts(client_id)
+                state.derive = state.facts is not None
+                if state.facts is not None:
+                    if state.facts.stop_words:
+                        state.stopper = StopMatcher([list(w) for w in state.facts.stop_words])
+                    if not state.facts.exclude_input:
+                        state.echo_left = state.facts.n_input
             self._states[request_id] = state
             while len(self._states) > self.max_states:
                 self._states.popitem(last=False)
         else:
             self._states.move_to_end(request_id)
             state.touched = now
+        if state.derive and state.facts is not None:
+            ids = [int(t) for t in ids_arr[: max(0, min(n, len(ids_arr)))]]  # end_id: the request's
+            ids, reason = self._derive(state, ids)
+            if n_input < 0:
+                n_input = state.facts.n_input
         state.tokens += len(ids)
         text = state.detok.push(ids)
         if reason:
             text += state.detok.finish()
             self._states.pop(request_id, None)
+            if state.derive and self.drop_facts is not None:
+                self.drop_facts(client_id)
+            if self.finished is not None:
+                self.finished(reason)
         return PostResult(text, reason, n_input, len(ids))

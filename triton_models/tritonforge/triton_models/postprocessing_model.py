@@ -22,11 +22,18 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import time
+
 from tritonforge.contract import POSTPROCESSING_INPUTS, FinishReason, Param, engine_request_id
 from tritonforge.triton_models import triton_io
 from tritonforge.triton_models.detokenize import make_decoder
+from tritonforge.triton_models.metrics import PostprocessingMetrics
 from tritonforge.triton_models.postprocess import Postprocessor, PostResult, scalar
 from tritonforge.triton_models.preprocess import load_tokenizer
+from tritonforge.triton_models.request_facts import FactsStore
+
+# How often the request-facts gauge counts the store's entries (a folder listing).
+FACTS_GAUGE_SECONDS = 1.0
 
 __all__ = ["TritonPythonModel"]
 
@@ -39,9 +46,17 @@ class TritonPythonModel:
         skip = (params.get(Param.SKIP_SPECIAL_TOKENS.value) or "true").lower() != "false"
         tokenizer = load_tokenizer(ref)
         eos = getattr(tokenizer, "eos_token_id", None)
+        # Facts preprocessing leaves for the C++ engine's requests (read on the first
+        # response, deleted on the last); harmless for tritonforge's engines, which send
+        # their finish reason and request key.
+        self.facts = FactsStore.for_model(args["model_repository"])
         self.post = Postprocessor(
-            make_decoder(tokenizer, skip_special_tokens=skip), None if eos is None else int(eos)
+            make_decoder(tokenizer, skip_special_tokens=skip), None if eos is None else int(eos),
+            facts=self.facts.get, drop_facts=self.facts.drop,
         )
+        self.metrics = PostprocessingMetrics(args["model_name"], args.get("model_version", "1"))
+        self.post.finished = self.metrics.add_finished
+        self._facts_counted = 0.0
         self.engine = params.get(Param.ENGINE_MODEL.value) or ""
         # Stops go out on their own threads: execute never waits for the engine.
         self.stops = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tritonforge-stop")
@@ -53,7 +68,15 @@ class TritonPythonModel:
         self.post.forget(inputs, request.request_id())
         if self.engine and target:
             self.stops.submit(triton_io.send_stop, self.engine, target)
+        self.metrics.add_finished(FinishReason.CANCELLED.value)
         return triton_io.make_response(PostResult("", FinishReason.CANCELLED.value, -1, 0).arrays())
+
+    def _update_gauges(self) -> None:
+        self.metrics.set_open_requests(self.post.open_requests)
+        now = time.monotonic()
+        if now - self._facts_counted >= FACTS_GAUGE_SECONDS or not self.post.open_requests:
+            self._facts_counted = now
+            self.metrics.set_request_facts(self.facts.count())
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
@@ -72,7 +95,12 @@ class TritonPythonModel:
                 responses.append(triton_io.make_response(result.arrays()))
             except Exception as exc:
                 responses.append(triton_io.exception_response(exc, "postprocessing"))
+        try:
+            self._update_gauges()
+        except Exception:  # noqa: BLE001 - metrics never fail a response
+            pass
         return responses
 
     def finalize(self) -> None:
         self.stops.shutdown(wait=True, cancel_futures=False)
+        self.metrics.close()

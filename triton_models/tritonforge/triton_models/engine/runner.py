@@ -158,9 +158,14 @@ class EngineRunner:
         metrics: _Metrics | None = None,
         cancel_poll_seconds: float = 0.05,
         max_queue_size: int | None = None,
+        cpp_outputs: bool = False,
     ) -> None:
         self.adapter = adapter
         self.max_queue_size = max_queue_size
+        # Answer as NVIDIA's C++ backend does (the CPU stand-in for it): every token streamed
+        # as generated, a matched stop word returned, end_id left out; the stream's last
+        # response is then empty when generation ended at end_id.
+        self.cpp_outputs = cpp_outputs
         self.metrics = metrics
         self.cancel_poll_seconds = cancel_poll_seconds
         self.loop = asyncio.new_event_loop()
@@ -428,6 +433,8 @@ class EngineRunner:
                 elif delta.finish == "stop" and new and new[-1] == eos:
                     new = new[:-1]
                 emit, stopped = stopper.feed(new)
+                if self.cpp_outputs:
+                    emit = new  # the C++ backend returns the stop word too
                 pending.extend(emit)
                 if req.return_log_probs:
                     pending_lp.extend(lps[: len(emit)])
@@ -440,7 +447,7 @@ class EngineRunner:
                     finish = {"length": FinishReason.LENGTH.value,
                               "abort": FinishReason.CANCELLED.value}.get(delta.finish, FinishReason.STOP.value)
                     break
-                if req.streaming and pending and self._complete_text(pending):
+                if req.streaming and pending and (self.cpp_outputs or self._complete_text(pending)):
                     responder.send(engine_outputs(pending, "", n_in, pending_lp if req.return_log_probs else None,
                                                   key), final=False)
                     pending, pending_lp = [], []

@@ -1,0 +1,1 @@
+"""Stand-in for ``tensorrt_llm.executor`` (see the package docstring): not TensorRT-LLM."""
