@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "==> apt-get install ${need[*]}"
