@@ -39,12 +39,19 @@ def prepare_stub() -> None:
     and vLLM's pending objects crashed it there ("Segfault encountered"). Nothing needs that
     teardown -- the models released their resources in ``finalize()`` and Triton cleans the
     shared memory -- so an exit handler flushes the output and ends the process at once.
+
+    It also honours ``$PYTHONPATH``, which the stub's embedded interpreter does not read
+    (seen on 2.51: a package there was not importable): its entries go first on
+    ``sys.path``, as a plain interpreter would put them.
     """
     fix_locale()
     import atexit
     import contextlib
     import os
     import sys
+
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:0] = extra
 
     def _exit_now() -> None:
         for stream in (sys.stdout, sys.stderr):

@@ -1,0 +1,111 @@
+"""Helpers of the TensorRT-LLM serving tests (issue 12): repositories rendered from the
+TensorRT-LLM example specs, made to run on this CPU machine, and a real tritonserver for them.
+
+Only what a GPU is needed for is replaced: the LLM-API path runs ``tests/standins/
+tensorrt_llm`` (TensorRT-LLM's API over vLLM CPU; put on the server's ``PYTHONPATH``), the
+C++ path runs tritonforge's engine model answering as the C++ backend does. The rest of each
+repository -- ensemble, pre/postprocessing, their parameters -- is what the spec renders.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDINS = Path(__file__).with_name("standins")
+MODEL_REF = "package:smollm2-135m-instruct"
+
+
+def smollm2_folder() -> Path:
+    from tritonforge.runtime.models import resolve_model
+
+    return resolve_model(MODEL_REF)
+
+
+def load_example(name: str, **overrides: Any) -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "deployments" / f"{name}.yaml").read_text())
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return dict(data)
+
+
+def write_repo(spec_data: dict[str, Any], out: Path) -> Path:
+    from tritonforge.render.renderer import render_files
+    from tritonforge.render.write import write_repository
+    from tritonforge.spec.load import parse_spec
+
+    write_repository(out, render_files(parse_spec(spec_data)))
+    return out
+
+
+def set_param(config: Path, key: str, value: str) -> None:
+    """Replace one ``parameters`` value of a config.pbtxt (or add it)."""
+    text = config.read_text()
+    pattern = rf'(key: "{re.escape(key)}"\s*value \{{\s*string_value: )"(?:[^"\\]|\\.)*"'
+    if re.search(pattern, text):
+        text = re.sub(pattern, lambda m: m.group(1) + '"' + value.replace('"', '\\"') + '"', text)
+    else:
+        text += f'\nparameters {{\n  key: "{key}"\n  value {{\n    string_value: "{value}"\n  }}\n}}\n'
+    config.write_text(text)
+
+
+def start(repo: Path, *, log_name: str, env: dict[str, str] | None = None) -> tuple[Any, Any]:
+    """A real tritonserver on free loopback ports (conftest's ``start_server``, with an
+    environment for the server process)."""
+    from conftest import ServerHandle
+    from tritonforge.runtime.paths import cache_dir
+    from tritonforge.runtime.server import ServerOptions, TritonServer, free_port
+
+    smollm2_folder()  # prepared once, cached
+    log = cache_dir() / "logs" / f"{log_name}-{os.getpid()}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    opts = ServerOptions(repository=repo, http_port=free_port(), grpc_port=free_port(),
+                         metrics_port=free_port(), log_file=log,
+                         env={"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
+    server = TritonServer(opts)
+    server.start()
+    try:
+        server.wait_ready(timeout=600)
+    except Exception:
+        server.stop()
+        raise
+    return server, ServerHandle(http_url=opts.http_url, grpc_url=opts.grpc_url,
+                                metrics_url=opts.metrics_url, model="", repo=repo,
+                                admin_key=server.admin_key, log_file=log, server=server)
+
+
+def metric(metrics_url: str, name: str, **labels: str) -> float:
+    """Sum of a series on the server's /metrics over the label sets matching ``labels``."""
+    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+            seen = True
+    assert seen or labels, f"{name} is not exported on {metrics_url}/metrics"
+    return total
+
+
+def wait_metric(metrics_url: str, name: str, predicate: Any, seconds: float = 10.0,
+                **labels: str) -> float:
+    deadline = time.monotonic() + seconds
+    value = metric(metrics_url, name, **labels)
+    while not predicate(value) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        value = metric(metrics_url, name, **labels)
+    return value
