@@ -78,6 +78,7 @@ def build_command(
     shape: str = "constant", slo_ttft_p95_ms: float | None = None,
     slo_itl_p95_ms: float | None = None, max_fail_ratio: float | None = None,
     tokenizer: str | None = None, prometheus_port: int = -1, drain: float = 30.0,
+    ignore_eos: bool = False,
 ) -> list[str]:
     """The Locust command line for one headless run (validated; raises ``UserError``)."""
     if users < 1:
@@ -114,6 +115,10 @@ def build_command(
         cmd += ["--model", model]
     if max_tokens:
         cmd += ["--max-tokens", str(max_tokens)]
+    if ignore_eos:
+        if not max_tokens:
+            raise UserError("--ignore-eos needs --max-tokens (the exact number of tokens to generate)")
+        cmd.append("--ignore-eos")
     if tokenizer:
         cmd += ["--tokenizer", tokenizer]
     for flag, v in (("--slo-ttft-p95-ms", slo_ttft_p95_ms), ("--slo-itl-p95-ms", slo_itl_p95_ms),
@@ -242,6 +247,8 @@ def register(app: typer.Typer) -> None:
             "--output", help="Results folder (CSV, HTML, summary.json, plots, log).")] = Path("loadtest-results"),
         max_tokens: Annotated[int | None, typer.Option(
             "--max-tokens", help="Output tokens per request (default: each prompt's own).")] = None,
+        ignore_eos: Annotated[bool, typer.Option(
+            "--ignore-eos", help="Generate exactly --max-tokens tokens per request (min_tokens = max_tokens).")] = False,
         shape: Annotated[LoadShape, typer.Option("--shape", help="Load shape.")] = LoadShape.constant,
         tokenizer: Annotated[str | None, typer.Option(
             "--tokenizer", help="Tokenizer counting output tokens (default: SmolLM2's).")] = None,
@@ -261,7 +268,7 @@ def register(app: typer.Typer) -> None:
                 spawn_rate=spawn_rate, duration=duration, dataset=dataset, output=output,
                 max_tokens=max_tokens, shape=shape.value, slo_ttft_p95_ms=slo_ttft_p95_ms,
                 slo_itl_p95_ms=slo_itl_p95_ms, max_fail_ratio=max_fail_ratio,
-                tokenizer=tokenizer, prometheus_port=prometheus_port,
+                tokenizer=tokenizer, prometheus_port=prometheus_port, ignore_eos=ignore_eos,
             )
             output.mkdir(parents=True, exist_ok=True)
         except UserError as exc:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
 import time
 from typing import Final
@@ -25,8 +26,20 @@ def uvicorn_config(config: GatewayConfig, host: str, port: int) -> uvicorn.Confi
 
 
 def run_gateway(config: GatewayConfig, host: str = "127.0.0.1", port: int = 8080) -> None:
-    """Serve until Ctrl-C / SIGTERM (uvicorn handles the signals)."""
-    uvicorn.Server(uvicorn_config(config, host, port)).run()
+    """Serve until Ctrl-C / SIGTERM, then return: a requested stop is a clean exit (0).
+
+    uvicorn handles the signals (a graceful shutdown) and afterwards re-raises the one it
+    caught with the handler that was installed before it; that handler is ours and only
+    notes it, so the process does not die by the signal (exit 130) after stopping cleanly.
+    """
+    caught: list[int] = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in stops}
+    try:
+        uvicorn.Server(uvicorn_config(config, host, port)).run()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class GatewayHandle:

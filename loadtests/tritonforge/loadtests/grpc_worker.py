@@ -31,7 +31,7 @@ from typing import Any
 __all__ = ["describe_error", "main", "request_fields"]
 
 #: The Request fields a Locust user sets (see ``TritonForgeUser.request_for``).
-_FIELDS = ("prompt", "messages", "max_tokens", "stream", "timeout")
+_FIELDS = ("prompt", "messages", "max_tokens", "min_tokens", "stream", "timeout")
 
 
 def describe_error(exc: BaseException) -> str:

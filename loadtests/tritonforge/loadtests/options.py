@@ -66,6 +66,9 @@ def add_arguments(parser: Any) -> None:
     add("--max-tokens", type=int, default=0, env_var="TRITONFORGE_MAX_TOKENS",
         help="Output tokens to ask for (0: each prompt's own max_tokens, else the server's"
              " default).")
+    add("--ignore-eos", action="store_true", default=False, env_var="TRITONFORGE_IGNORE_EOS",
+        help="Generate exactly --max-tokens tokens per request (min_tokens = max_tokens), as"
+             " benchmark tools' ignore_eos does, so runs compare equal work.")
     add("--tokenizer", default=DEFAULT_TOKENIZER, env_var="TRITONFORGE_TOKENIZER",
         help="The served model's tokenizer (model reference or HF folder), used to count"
              " output tokens.")
@@ -101,6 +104,7 @@ class Settings:
     sync_model: str
     dataset: str
     max_tokens: int | None
+    ignore_eos: bool
     tokenizer: str
     request_timeout: float
     prompt_seed: int
@@ -138,6 +142,9 @@ def settings_from(opts: Any) -> Settings:
     max_tokens = int(get("max_tokens", 0) or 0)
     if max_tokens < 0:
         raise SettingsError(f"--max-tokens must be >= 0, got {max_tokens}")
+    ignore_eos = bool(get("ignore_eos", False))
+    if ignore_eos and not max_tokens:
+        raise SettingsError("--ignore-eos needs --max-tokens (the exact number of tokens to generate)")
     timeout = float(get("request_timeout", 300.0))
     if not timeout > 0:
         raise SettingsError(f"--request-timeout must be > 0 seconds, got {timeout:g}")
@@ -153,6 +160,7 @@ def settings_from(opts: Any) -> Settings:
         sync_model=str(get("sync_model", "") or "").strip() or (f"{model}_sync" if model else ""),
         dataset=str(get("dataset", "short-chat")),
         max_tokens=max_tokens or None,
+        ignore_eos=ignore_eos,
         tokenizer=str(get("tokenizer", DEFAULT_TOKENIZER)),
         request_timeout=timeout,
         prompt_seed=int(get("prompt_seed", 0)),

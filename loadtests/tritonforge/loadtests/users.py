@@ -123,6 +123,7 @@ class TritonForgeUser(User):
         self.cfg_model: str = self._setting(cls.model, s.model if s else "", "model", "--model")
         self.cfg_max_tokens = cls.max_tokens if cls.max_tokens is not None else (
             s.max_tokens if s else None)
+        self.cfg_ignore_eos = bool(s.ignore_eos) if s else False
         self.cfg_dataset: str = self._setting(cls.dataset, s.dataset if s else "", "dataset",
                                               "--dataset")
         self.cfg_tokenizer: str = self._setting(cls.tokenizer, s.tokenizer if s else "",
@@ -144,8 +145,9 @@ class TritonForgeUser(User):
         return v
 
     def request_for(self, prompt: Prompt) -> Request:
-        return Request(prompt=prompt.prompt, messages=prompt.messages,
-                       max_tokens=self.cfg_max_tokens or prompt.max_tokens,
+        max_tokens = self.cfg_max_tokens or prompt.max_tokens
+        return Request(prompt=prompt.prompt, messages=prompt.messages, max_tokens=max_tokens,
+                       min_tokens=max_tokens if self.cfg_ignore_eos else None,
                        stream=self.streaming, timeout=self.cfg_timeout)
 
     def send(self, prompt: Prompt) -> Outcome:  # pragma: no cover - abstract
