@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["default_repository", "model_references", "next_commands", "register", "serve"]
+__all__ = ["default_repository", "model_references", "next_commands", "register", "response_cache_bytes", "serve"]
 
 
 def _console(stderr: bool = False) -> Any:
@@ -99,6 +99,16 @@ def _repository_from_spec(spec_path: Path) -> Path:
         except ValidationFailed as exc:
             raise _fail("the rendered repository failed validation:\n" + "\n".join(map(str, exc.problems))) from None
     return out
+
+
+def response_cache_bytes(repo: Path) -> int:
+    """The size of Triton's local response cache to start the server with: the same size
+    the generated launch scripts use when any model of ``repo`` enables its response cache
+    (Triton has no cache, and caches nothing, unless started with ``--cache-config``)."""
+    from tritonforge.render.commands import RESPONSE_CACHE_BYTES
+
+    enabled = any(cfg.response_cache.enable for cfg in _configs(repo).values())
+    return RESPONSE_CACHE_BYTES if enabled else 0
 
 
 def _served_model(repo: Path) -> str | None:
@@ -188,6 +198,7 @@ def serve(
     options = ServerOptions(
         repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
         metrics_port=metrics_port, log_file=log_file, restrict_admin=restrict_admin,
+        response_cache_bytes=response_cache_bytes(repository),
     )
     try:
         server = TritonServer(options)
