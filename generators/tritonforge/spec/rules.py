@@ -260,6 +260,12 @@ def check_spec(spec: Spec) -> list[str]:
         if spec.device == "cpu":
             p.append("parallelism.gpu_device_ids: device is cpu; got GPU ids. Fix: remove them")
 
+    if b == "vllm" and spec.device == "cpu" and par.pipeline_parallel_size > 1:
+        p.append(f"parallelism.pipeline_parallel_size: vLLM 0.32 on CPU fails at its first "
+                 f"step with pipeline stages (AssertionError in "
+                 f"sync_and_gather_intermediate_tensors, seen with 2 stages); got "
+                 f"{par.pipeline_parallel_size}. Fix: use tensor_parallel_size for "
+                 "multi-process CPU serving, or device: gpu")
     if par.nodes > 1:
         if world % par.nodes:
             p.append(f"parallelism.nodes: must divide tensor_parallel_size x "
