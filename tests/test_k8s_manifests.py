@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,16 @@ def test_pods_follow_the_spec(key: str, generated: dict[str, Path]) -> None:
             for e in c.get("env", []):
                 if e["name"] in k8s.SECRET_KEYS.values():
                     assert "value" not in e and e["valueFrom"]["secretKeyRef"]["name"]
+    # Kubernetes expands $(VAR) in a command only for variables of the container's own env.
+    for pod in pods:
+        for c in pod["containers"]:
+            names = {e["name"] for e in c.get("env", [])}
+            for word in c["command"]:
+                for var in re.findall(r"\$\(([A-Z_][A-Z0-9_]*)\)", word):
+                    assert var in names, (c["name"], var)
+    if key == "tp4":  # TensorRT-LLM TP 4 in one pod: the repository's mpirun launch.sh
+        assert leader["command"][0].endswith("/launch.sh")
+        assert any("admin-key=$(TRITONFORGE_ADMIN_KEY)" in w for w in leader["command"])
     svc = objects["Service"]
     assert {p["name"] for p in svc["spec"]["ports"]} == {"http", "grpc", "metrics", "gateway"}
     hpa = objects["HorizontalPodAutoscaler"]
