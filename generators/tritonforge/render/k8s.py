@@ -16,7 +16,8 @@ subfolder so that ``apply`` does not see them):
 * ``server.yaml``: a Deployment (``parallelism.nodes == 1``) or a LeaderWorkerSet (multi-pod:
   TensorRT-LLM MPI leader/workers, or a vLLM Ray head/workers), GPUs per pod
   ``tensor_parallel_size * pipeline_parallel_size / nodes``, readiness ``/v2/health/ready``,
-  liveness ``/v2/health/live``, a startup probe that covers engine load;
+  liveness ``/v2/health/live``, a startup probe that covers engine load; the OpenAI gateway
+  (``tritonforge gateway``) runs beside the server in the same (leader) pod;
 * ``service.yaml`` (HTTP, gRPC, metrics, the OpenAI gateway), ``servicemonitor.yaml``,
   ``pdb.yaml``, ``hpa.yaml`` (``autoscaling/v2``, on a custom per-pod metric),
   ``rbac.yaml`` (TensorRT-LLM multi-node only: the leader runs ``kubectl exec`` as MPI's
