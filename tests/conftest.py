@@ -72,9 +72,8 @@ def start_server(repo: Path, *, log_name: str) -> tuple[object, ServerHandle]:
         log_file=log,
     )
     server = TritonServer(opts)
-    server.start()
     try:
-        server.wait_ready(timeout=600)
+        server.start_ready(timeout=600)
     except Exception:
         server.stop()
         raise

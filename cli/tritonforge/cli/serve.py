@@ -213,23 +213,19 @@ def serve(
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     gateway: Any = None
     try:
-        try:
-            server.start()
-        except ServerError as exc:
-            raise _fail(str(exc)) from None
         con.print(f"tritonserver {escape(str(server.install.binary))}\n  repository {escape(str(repository))}\n"
                   f"  log {escape(str(server.log_file))}")
         with con.status("starting tritonserver (the engine loads in ~20-60 s on CPU)") as status:
             try:
-                waited = server.wait_ready(
-                    ready_timeout,
-                    on_tick=lambda s: _tick(status, s, stop),
-                )
+                waited = server.start_ready(ready_timeout, on_tick=lambda s: _tick(status, s, stop))
             except (ServerError, KeyboardInterrupt) as exc:
                 server.stop()
                 if stop.is_set():
                     raise typer.Exit(130) from None
                 raise _fail(str(exc)) from None
+        if server.restarts_after_crash:
+            con.print(f"[yellow]note:[/] tritonserver aborted while loading (a known intermittent "
+                      f"Python-backend crash) and was started again ({server.restarts_after_crash}x)")
         model = _served_model(repository)
         con.print(f"[bold green]ready[/] in {waited:.1f} s (total {time.monotonic() - started:.1f} s): "
                   f"HTTP {options.http_url}  gRPC {options.grpc_url}  metrics {options.metrics_url}"
@@ -267,8 +263,7 @@ def serve(
                 con.print("[bold red]the inference engine died[/]: restarting tritonserver")
                 server.stop()
                 try:
-                    server.start()
-                    waited = server.wait_ready(ready_timeout, on_tick=lambda s: _tick(None, s, stop))
+                    waited = server.start_ready(ready_timeout, on_tick=lambda s: _tick(None, s, stop))
                 except (ServerError, KeyboardInterrupt) as exc:
                     if stop.is_set():
                         break
