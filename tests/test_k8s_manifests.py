@@ -69,6 +69,12 @@ def _crd_validator(file: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(doc["schema"])
 
 
+def _server(objects: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    (server,) = [o for _, o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet")
+                 and o["metadata"]["labels"]["app.kubernetes.io/component"] == "server"]
+    return server
+
+
 def _pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
     if obj["kind"] == "Deployment":
         return [obj["spec"]["template"]["spec"]]
@@ -105,8 +111,8 @@ def test_every_object_passes_the_pinned_schemas(key: str, generated: dict[str, P
                 "HorizontalPodAutoscaler"}
     assert expected <= set(kinds)
     server = "LeaderWorkerSet" if key == "two-node" else "Deployment"
-    assert kinds.count(server) == 1
-    assert ("Deployment" in kinds) != ("LeaderWorkerSet" in kinds)
+    assert _server(objects)["kind"] == server
+    assert kinds.count("LeaderWorkerSet") == (key == "two-node")
     if key == "two-node":
         assert {"ServiceAccount", "Role", "RoleBinding"} <= set(kinds)
 
@@ -135,8 +141,10 @@ def test_the_validator_refuses_what_the_api_server_would() -> None:
 def test_pods_follow_the_spec(key: str, generated: dict[str, Path]) -> None:
     spec = load_spec(SPECS[key])
     par = spec.parallelism
-    objects = {o["kind"]: o for _, o in _objects(generated[key])}
-    server = objects.get("Deployment") or objects["LeaderWorkerSet"]
+    objects = {o["kind"]: o for _, o in _objects(generated[key])
+               if not o["metadata"]["name"].endswith("-grafana")
+               and not o["metadata"]["name"].endswith("-launch")}
+    server = _server(_objects(generated[key]))
     pods = _pod_specs(server)
     gpus = par.tensor_parallel_size * par.pipeline_parallel_size // par.nodes
     for pod in pods:
@@ -155,12 +163,18 @@ def test_pods_follow_the_spec(key: str, generated: dict[str, Path]) -> None:
     assert leader["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     startup = leader["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # engine load
-    # Secrets by reference only: no env entry with a literal value for a secret variable.
-    for pod in pods:
+    # Secrets by reference only: no env entry with a literal value for a secret variable,
+    # in any pod (the server's, the gateway sidecar's, Grafana's).
+    all_pods = [ps for _, o in _objects(generated[key]) if o["kind"] in
+                ("Deployment", "LeaderWorkerSet") for ps in _pod_specs(o)]
+    seen = set()
+    for pod in all_pods:
         for c in pod["containers"]:
             for e in c.get("env", []):
                 if e["name"] in k8s.SECRET_KEYS.values():
                     assert "value" not in e and e["valueFrom"]["secretKeyRef"]["name"]
+                    seen.add(e["name"])
+    assert seen == set(k8s.SECRET_KEYS.values())
     # Kubernetes expands $(VAR) in a command only for variables of the container's own env.
     for pod in pods:
         for c in pod["containers"]:
@@ -188,7 +202,7 @@ def test_the_configmap_carries_the_generated_repository(key: str, generated: dic
     objects = _objects(generated[key])
     cm = next(o for _, o in objects if o["kind"] == "ConfigMap"
               and o["metadata"]["name"].endswith("-model-repository"))
-    server = next(o for _, o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    server = _server(objects)
     vol = next(v for v in _pod_specs(server)[0]["volumes"] if v["name"] == "model-repository")
     repo = tmp_path / "repo"
     for item in vol["configMap"]["items"]:
@@ -202,6 +216,36 @@ def test_the_configmap_carries_the_generated_repository(key: str, generated: dic
     assert _tree(repo) == _tree(tmp_path / "direct")
     check = CliRunner().invoke(_app(), ["validate", str(repo)])
     assert check.exit_code == 0, check.output
+
+
+def test_grafana_reads_the_datasource_its_dashboard_names(generated: dict[str, Path]) -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for _, o in _objects(generated["default"])}
+    provisioning = objects["ConfigMap", "smollm2-grafana-provisioning"]["data"]
+    uids = {d["uid"] for d in yaml.safe_load(provisioning["datasource.yaml"])["datasources"]}
+    dashboard = json.loads(objects["ConfigMap", "smollm2-grafana-dashboards"]["data"]
+                           ["tritonforge.json"])
+    assert dashboard == json.loads((ROOT / "deploy" / "grafana" / "dashboards" /
+                                    "tritonforge.json").read_text())
+    used = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            ds = node.get("datasource")
+            if isinstance(ds, dict) and ds.get("type") == "prometheus":
+                used.add(ds["uid"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk(dashboard)
+    assert used and used <= uids
+    # The server's Service and PDB select the server pods, not Grafana's.
+    grafana = objects["Deployment", "smollm2-grafana"]["spec"]["template"]["metadata"]["labels"]
+    for selector in (objects["Service", "smollm2"]["spec"]["selector"],
+                     objects["PodDisruptionBudget", "smollm2"]["spec"]["selector"]["matchLabels"],
+                     objects["ServiceMonitor", "smollm2"]["spec"]["selector"]["matchLabels"]):
+        assert not all(grafana.get(k) == v for k, v in selector.items()), selector
 
 
 def test_launch_scripts_are_valid_shell(generated: dict[str, Path], tmp_path: Path) -> None:

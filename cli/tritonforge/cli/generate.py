@@ -54,6 +54,9 @@ def generate(
                                               help="With --k8s: HPA minimum replicas.")] = 1,
     max_replicas: Annotated[int, typer.Option("--max-replicas", min=1, max=1000,
                                               help="With --k8s: HPA maximum replicas.")] = 4,
+    prometheus_url: Annotated[str, typer.Option(
+        "--prometheus-url", help="With --k8s: the Prometheus Grafana reads (default: "
+        "prometheus-operator's prometheus-operated service).")] = "http://prometheus-operated:9090",
 ) -> None:
     """Render SPEC into a validated Triton model repository at OUTPUT (and/or Kubernetes
     manifests at K8S)."""
@@ -71,7 +74,8 @@ def generate(
     files = render_files(parsed)
     k8s_files: dict[str, bytes] | None = None
     if k8s is not None:
-        k8s_files = _render_k8s(parsed, files, image, namespace, min_replicas, max_replicas)
+        k8s_files = _render_k8s(parsed, files, image, namespace, min_replicas, max_replicas,
+                                prometheus_url)
     targets = [(d, f) for d, f in ((output, files), (k8s, k8s_files))
                if d is not None and f is not None]
     if check:
@@ -108,7 +112,7 @@ def generate(
 
 
 def _render_k8s(parsed: Spec, files: dict[str, bytes], image: str | None, namespace: str | None,
-                min_replicas: int, max_replicas: int) -> dict[str, bytes]:
+                min_replicas: int, max_replicas: int, prometheus_url: str) -> dict[str, bytes]:
     """The Kubernetes files, validated; exit 2 on bad options, 1 on a validation failure."""
     from tritonforge.render.k8s import K8sOptions, dns_name, render_k8s, validate_k8s
 
@@ -121,10 +125,13 @@ def _render_k8s(parsed: Spec, files: dict[str, bytes], image: str | None, namesp
                    f"{namespace!r}. Fix: use {dns_name(namespace)!r}")
     if image is not None and (not image.strip() or any(c.isspace() for c in image)):
         bad.append(f"--image: must be an image reference without spaces; got {image!r}")
+    if not prometheus_url.startswith(("http://", "https://")) or any(
+            c.isspace() for c in prometheus_url):
+        bad.append(f"--prometheus-url: must be an http(s) URL; got {prometheus_url!r}")
     if bad:
         raise _fail("invalid options", bad, 2)
     opts = K8sOptions(image=image, namespace=namespace, min_replicas=min_replicas,
-                      max_replicas=max_replicas)
+                      max_replicas=max_replicas, prometheus_url=prometheus_url)
     out = render_k8s(parsed, files, opts)
     problems = validate_k8s(out)
     if problems:

@@ -83,7 +83,14 @@ CACHE_MOUNT: Final = "/var/cache/tritonforge"
 SECRET_KEYS: Final[dict[str, str]] = {
     "admin-key": "TRITONFORGE_ADMIN_KEY",
     "openai-api-key": "TRITONFORGE_OPENAI_API_KEY",
+    "grafana-admin-password": "GF_SECURITY_ADMIN_PASSWORD",
 }
+# Grafana: the same image and dashboard as compose.yaml; Prometheus as prometheus-operator
+# names its service (pkg/prometheus/server/statefulset.go: governingServiceName).
+GRAFANA_IMAGE: Final = "grafana/grafana:11.2.2"
+GRAFANA_PORT: Final = 3000
+DEFAULT_PROMETHEUS_URL: Final = "http://prometheus-operated:9090"
+GRAFANA_DATASOURCE_UID: Final = "tritonforge-prometheus"  # what the dashboard refers to
 ADAPTER_CONFIG: Final = "prometheus-adapter/config.yaml"
 _SCHEMAS: Final = Path(__file__).with_name("k8s_schemas")
 # (apiVersion, kind) -> schema file kept in the project (CRDs the core schemas lack).
@@ -121,6 +128,7 @@ class K8sOptions:
     # Scale out when in-flight requests per replica exceed this share of the engine's
     # concurrent sequences (vLLM max_num_seqs, TensorRT-LLM max_batch_size).
     target_utilization: float = 0.8
+    prometheus_url: str = DEFAULT_PROMETHEUS_URL  # Grafana's datasource
 
 
 # Images with tritonforge installed (the generated model.py files import it): the Dockerfile's
@@ -254,7 +262,8 @@ def _plan(spec: Spec, repository: dict[str, bytes], opts: K8sOptions) -> _Plan:
     labels = {"app.kubernetes.io/name": "tritonforge", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/component": "server"}
     selector = ({LWS_NAME_LABEL: name, LWS_WORKER_INDEX_LABEL: "0"} if multi
-                else {"app.kubernetes.io/instance": name, "app.kubernetes.io/name": "tritonforge"})
+                else {"app.kubernetes.io/instance": name, "app.kubernetes.io/name": "tritonforge",
+                      "app.kubernetes.io/component": "server"})
 
     repo_items: list[dict[str, Any]] = []
     repo_data: dict[str, str] = {}
@@ -385,6 +394,53 @@ def _plan(spec: Spec, repository: dict[str, bytes], opts: K8sOptions) -> _Plan:
     return plan
 
 
+def _grafana_files() -> tuple[str, str]:
+    """The project's Grafana dashboard and dashboard provider (``deploy/grafana``; installed
+    wheels carry a copy in ``tritonforge/_data/grafana``)."""
+    here = Path(__file__).resolve()
+    for root in (here.parents[1] / "_data" / "grafana", here.parents[3] / "deploy" / "grafana"):
+        if (root / "dashboards" / "tritonforge.json").is_file():
+            return ((root / "dashboards" / "tritonforge.json").read_text(),
+                    (root / "provisioning" / "dashboards" / "tritonforge.yaml").read_text())
+    raise FileNotFoundError("the Grafana dashboard (deploy/grafana/dashboards/tritonforge.json)")
+
+
+def _grafana(plan: _Plan) -> dict[str, Any]:
+    dashboard, provider = _grafana_files()
+    datasource = {"apiVersion": 1, "datasources": [{
+        "name": "Prometheus", "uid": GRAFANA_DATASOURCE_UID, "type": "prometheus",
+        "access": "proxy", "url": plan.opts.prometheus_url, "isDefault": True,
+        "editable": False}]}
+    env = [{"name": "GF_SECURITY_ADMIN_USER", "value": "admin"},
+           {"name": "GF_SECURITY_ADMIN_PASSWORD", "valueFrom": {"secretKeyRef": {
+               "name": f"{plan.name}-secrets", "key": "grafana-admin-password"}}},
+           {"name": "GF_USERS_ALLOW_SIGN_UP", "value": "false"},
+           {"name": "GF_AUTH_ANONYMOUS_ENABLED", "value": "false"},
+           {"name": "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH",
+            "value": "/var/lib/grafana/dashboards/tritonforge.json"}]
+    container = {
+        "name": "grafana", "image": GRAFANA_IMAGE, "env": env,
+        "ports": [{"name": "http", "containerPort": GRAFANA_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/api/health", "port": "http"},
+                           "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "volumeMounts": [
+            {"name": "provisioning", "mountPath": "/etc/grafana/provisioning", "readOnly": True},
+            {"name": "dashboards", "mountPath": "/var/lib/grafana/dashboards", "readOnly": True}],
+    }
+    volumes = [
+        {"name": "provisioning", "configMap": {"name": f"{plan.name}-grafana-provisioning",
+                                               "items": [
+            {"key": "datasource.yaml", "path": "datasources/prometheus.yaml"},
+            {"key": "dashboards.yaml", "path": "dashboards/tritonforge.yaml"}]}},
+        {"name": "dashboards", "configMap": {"name": f"{plan.name}-grafana-dashboards"}}]
+    labels = {**plan.labels, "app.kubernetes.io/component": "grafana"}
+    return {"labels": labels, "containers": [container], "volumes": volumes,
+            "provisioning": {"datasource.yaml": _yaml(datasource) + "\n",
+                             "dashboards.yaml": provider},
+            "dashboards": {"tritonforge.json": dashboard}, "port": GRAFANA_PORT}
+
+
 def _restricted_api(key: str) -> list[str]:
     """Rank 0's flags closing Triton's admin APIs unless the admin-key header carries ``key``
     (the same groups and header ``tritonforge serve`` uses; the key comes from the Secret)."""
@@ -445,6 +501,7 @@ def render_k8s(spec: Spec, repository: dict[str, bytes],
         "hpa.yaml": _render_text("k8s/hpa.yaml.j2", p=plan),
         ADAPTER_CONFIG: _render_text("k8s/prometheus-adapter-config.yaml.j2",
                                      rules=adapter_rules()),
+        "grafana.yaml": _render_text("k8s/grafana.yaml.j2", p=plan, g=_grafana(plan)),
         ".tritonforge": ("Generated by tritonforge (`tritonforge generate --k8s`). tritonforge "
                          "replaces this whole\nfolder on the next generate: keep your own "
                          f"files elsewhere.\nserved model: {spec.name}\n"),
