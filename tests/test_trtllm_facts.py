@@ -157,8 +157,8 @@ def test_spec_refuses_placeholder_names_and_llmapi_mixups() -> None:
     llm = yaml.safe_load((ROOT / "deployments" / "llama3-8b-llmapi.yaml").read_text())
     for extra, where in (({"engine_dir": "/e"}, r"tensorrtllm\.engine_dir"),
                          ({"llm_args": {"tensor_parallel_size": 2}},
-                          r"tensorrtllm\.llm_args\.tensor_parallel_size: set by the spec field "
-                          r"parallelism\.tensor_parallel_size")):
+                          (r"tensorrtllm\.llm_args\.tensor_parallel_size: set by the spec field "
+                           r"parallelism\.tensor_parallel_size"))):
         with pytest.raises(SpecError, match=where):
             parse_spec({**llm, "tensorrtllm": {"runtime": "llmapi", **extra}})
     with pytest.raises(SpecError, match=r"tensorrtllm\.llm_args: applies to runtime llmapi only"):

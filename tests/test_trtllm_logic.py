@@ -13,7 +13,7 @@ from tritonforge import contract as C
 from tritonforge.triton_models.detokenize import make_decoder
 from tritonforge.triton_models.engine.request import EngineRequest
 from tritonforge.triton_models.postprocess import Postprocessor
-from tritonforge.triton_models.preprocess import PreprocessSettings, Preprocessor, load_tokenizer
+from tritonforge.triton_models.preprocess import Preprocessor, PreprocessSettings, load_tokenizer
 from tritonforge.triton_models.request_facts import FactsStore, RequestFacts
 
 STANDINS = Path(__file__).with_name("standins")

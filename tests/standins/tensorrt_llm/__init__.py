@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams", "STANDIN"]
+__all__ = ["LLM", "STANDIN", "RequestOutput", "SamplingParams"]
 
 STANDIN = True  # what makes this package recognisable as the stand-in
 _RECORD_ENV = "TRTLLM_STANDIN_RECORD"

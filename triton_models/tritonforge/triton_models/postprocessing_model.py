@@ -19,10 +19,11 @@ disconnected (Triton's HTTP frontend cancels the request), the typed clients.
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import time
 
 from tritonforge.contract import POSTPROCESSING_INPUTS, FinishReason, Param, engine_request_id
 from tritonforge.triton_models import triton_io
@@ -34,6 +35,8 @@ from tritonforge.triton_models.request_facts import FactsStore
 
 # How often the request-facts gauge counts the store's entries (a folder listing).
 FACTS_GAUGE_SECONDS = 1.0
+# Cancelled streams remembered, so each is counted once (later requests of it are cancelled too).
+CANCELLED_REMEMBERED = 4096
 
 __all__ = ["TritonPythonModel"]
 
@@ -57,6 +60,7 @@ class TritonPythonModel:
         self.metrics = PostprocessingMetrics(args["model_name"], args.get("model_version", "1"))
         self.post.finished = self.metrics.add_finished
         self._facts_counted = 0.0
+        self._cancelled_ids: OrderedDict[str, None] = OrderedDict()
         self.engine = params.get(Param.ENGINE_MODEL.value) or ""
         # Stops go out on their own threads: execute never waits for the engine.
         self.stops = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tritonforge-stop")
@@ -68,7 +72,15 @@ class TritonPythonModel:
         self.post.forget(inputs, request.request_id())
         if self.engine and target:
             self.stops.submit(triton_io.send_stop, self.engine, target)
-        self.metrics.add_finished(FinishReason.CANCELLED.value)
+        # Triton marks every later postprocessing request of the stream cancelled: count the
+        # stream once.
+        sid = Postprocessor.state_id(inputs, request.request_id()) or target
+        if sid not in self._cancelled_ids:
+            self.metrics.add_finished(FinishReason.CANCELLED.value)
+        self._cancelled_ids[sid] = None
+        self._cancelled_ids.move_to_end(sid)
+        while len(self._cancelled_ids) > CANCELLED_REMEMBERED:
+            self._cancelled_ids.popitem(last=False)
         return triton_io.make_response(PostResult("", FinishReason.CANCELLED.value, -1, 0).arrays())
 
     def _update_gauges(self) -> None:
@@ -95,10 +107,8 @@ class TritonPythonModel:
                 responses.append(triton_io.make_response(result.arrays()))
             except Exception as exc:
                 responses.append(triton_io.exception_response(exc, "postprocessing"))
-        try:
+        with contextlib.suppress(Exception):  # metrics never fail a response
             self._update_gauges()
-        except Exception:  # noqa: BLE001 - metrics never fail a response
-            pass
         return responses
 
     def finalize(self) -> None:

@@ -443,7 +443,8 @@ class EngineRunner:
                     await self._abort(engine_id)
                     break
                 if delta.finish is not None:
-                    pending.extend(stopper.flush())
+                    if not self.cpp_outputs:  # (cpp_outputs sent what the matcher held already)
+                        pending.extend(stopper.flush())
                     finish = {"length": FinishReason.LENGTH.value,
                               "abort": FinishReason.CANCELLED.value}.get(delta.finish, FinishReason.STOP.value)
                     break

@@ -1,0 +1,197 @@
+"""The TensorRT-LLM C++ path's ensemble on the real tritonserver (issue 12), with its engine
+step swapped for tritonforge's CPU engine model answering as the C++ backend does
+(``tritonforge_engine_kind: trtllm_cpp``: every token streamed, stop words returned, end_id
+left out, no finish reason reaching postprocessing -- the ensemble of the C++ path maps only
+``output_ids`` and ``sequence_length``). The repository is what
+``deployments/llama3-8b-trtllm-fp8.yaml`` renders, but for the engine step, the tokenizer
+(SmolLM2 here) and preprocessing's instance count (1 on this 2-core machine).
+
+- streams end with the right finish reason, derived by postprocessing: ``length``, ``stop`` at
+  a stop word (which is not returned), ``stop`` at end of sequence -- with vLLM's own text;
+- a cancelled stream is answered ``cancelled`` (postprocessing's own count on /metrics) and
+  stops the engine;
+- after 1,000 finished requests postprocessing holds no state: its gauges of open requests
+  and request facts read 0 on Triton's /metrics, and the facts folder is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import wait_engine_gauge
+from tritonforge import contract as C
+from tritonforge.clients import AsyncClient, Client
+from tritonforge.triton_models.request_facts import FactsStore
+from trtllm_support import (
+    MODEL_REF,
+    load_example,
+    metric,
+    set_param,
+    start,
+    wait_metric,
+    write_repo,
+)
+
+SPEC = "llama3-8b-trtllm-fp8"
+STORY = "Once upon a time, there was a little"
+POST_OPEN = "tritonforge_postprocessing_open_requests"
+POST_FACTS = "tritonforge_postprocessing_request_facts"
+POST_FINISHED = "tritonforge_postprocessing_requests_finished_total"
+REQUESTS = 1000
+
+
+def _swap_engine(trt: Path, cpu: Path) -> None:
+    """The C++ backend's model -> tritonforge's engine model under the same name, answering
+    as the C++ backend; pre/postprocessing on this machine's tokenizer."""
+    name = C.MODEL_TENSORRT_LLM
+    shutil.rmtree(trt / name)
+    shutil.copytree(cpu / C.MODEL_VLLM_ENGINE, trt / name)
+    cfg = trt / name / "config.pbtxt"
+    batch = re.search(r"max_batch_size: (\d+)", (trt / C.MODEL_PREPROCESSING / "config.pbtxt").read_text())
+    assert batch is not None
+    text = cfg.read_text().replace(f'name: "{C.MODEL_VLLM_ENGINE}"', f'name: "{name}"')
+    cfg.write_text(re.sub(r"max_batch_size: \d+", f"max_batch_size: {batch.group(1)}", text))
+    set_param(cfg, C.Param.ENGINE_KIND.value, C.EngineKind.TRTLLM_CPP.value)
+    for model in (C.MODEL_PREPROCESSING, C.MODEL_POSTPROCESSING):
+        path = trt / model / "config.pbtxt"
+        set_param(path, C.Param.MODEL.value, MODEL_REF)
+        set_param(path, C.Param.TOKENIZER.value, MODEL_REF)
+    pre = trt / C.MODEL_PREPROCESSING / "config.pbtxt"
+    pre.write_text(re.sub(r"count: \d+", "count: 1", pre.read_text()))
+
+
+@pytest.fixture(scope="module")
+def cpp(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tritonforge.render.validate import validate_repository
+
+    tmp = tmp_path_factory.mktemp("trtllm-cpp")
+    data = load_example(SPEC)
+    trt = write_repo(data, tmp / "trt")
+    cpu = write_repo(load_example("default"), tmp / "cpu")
+    ensemble_before = (trt / data["name"] / "config.pbtxt").read_text()
+    _swap_engine(trt, cpu)
+    assert (trt / data["name"] / "config.pbtxt").read_text() == ensemble_before  # same wiring
+    assert validate_repository(trt) == []
+    server, handle = start(trt, log_name="trtllm-cpp")
+    handle.model = data["name"]
+    try:
+        yield handle
+    finally:
+        server.stop()
+
+
+def _chat_ids(messages: list[dict[str, str]]) -> list[int]:
+    from tritonforge.triton_models.preprocess import load_tokenizer
+
+    tok = load_tokenizer(MODEL_REF)
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tok.encode(rendered, add_special_tokens=False))
+
+
+def _no_state(handle: Any) -> None:
+    assert wait_metric(handle.metrics_url, POST_OPEN, lambda v: v == 0) == 0
+    assert wait_metric(handle.metrics_url, POST_FACTS, lambda v: v == 0) == 0
+    assert FactsStore.for_model(handle.repo / C.MODEL_POSTPROCESSING).count() == 0
+
+
+def test_streams_end_with_the_right_finish_reason(cpp: Any, vllm_oracle: Any) -> None:
+    from tritonforge.triton_models.detokenize import make_decoder
+    from tritonforge.triton_models.preprocess import load_tokenizer
+
+    tok = load_tokenizer(MODEL_REF)
+    decode = make_decoder(tok)
+    ref12 = vllm_oracle.generate(STORY, temperature=0, max_tokens=12)["text"]
+    ref = vllm_oracle.generate(STORY, temperature=0, max_tokens=24)
+    ids = ref["token_ids"]
+    # a one-token stop word that the greedy text reaches a few tokens in
+    at = next(i for i in range(3, len(ids)) if tok.encode(tok.decode([ids[i]]), add_special_tokens=False) == [ids[i]]
+              and tok.decode([ids[i]]).strip())
+    stop_word = tok.decode([ids[at]])
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    chat_ref = vllm_oracle.generate(_chat_ids(chat), temperature=0, max_tokens=64)
+    assert len(chat_ref["token_ids"]) < 64, "the oracle's answer did not end at end of sequence"
+
+    for protocol, url in (("grpc", cpp.grpc_url), ("http", cpp.http_url)):
+        with Client(url, protocol=protocol, model=cpp.model) as client:  # type: ignore[arg-type]
+            with client.stream(STORY, max_tokens=12, stop=[]) as s:
+                text = "".join(c.text for c in s)
+            assert s.completion.finish_reason is C.FinishReason.LENGTH, protocol
+            assert text == ref12
+            assert s.completion.prompt_tokens == len(tok.encode(STORY))  # from the request facts
+
+            with client.stream(STORY, max_tokens=24, stop=[stop_word]) as s:
+                text = "".join(c.text for c in s)
+            assert s.completion.finish_reason is C.FinishReason.STOP, protocol
+            assert text == decode(ids[:at])  # up to the stop word, which is not returned
+
+            with client.stream(messages=chat, max_tokens=64, stop=[]) as s:
+                text = "".join(c.text for c in s)
+            assert s.completion.finish_reason is C.FinishReason.STOP, protocol
+            assert text == chat_ref["text"] and "Paris" in text
+
+            done = client.complete(STORY, max_tokens=12, stream=False, stop=[])
+            assert done.finish_reason is C.FinishReason.LENGTH and done.text == ref12
+    _no_state(cpp)
+
+
+def test_a_cancelled_stream_is_answered_cancelled_and_stops_the_engine(cpp: Any) -> None:
+    import tritonclient.grpc as grpcclient
+
+    before = metric(cpp.metrics_url, POST_FINISHED, finish_reason="cancelled")
+    got: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(cpp.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    inputs = []
+    for name, dtype, value in (("text_input", "BYTES", np.array([[b"Write a long essay about Rome."]], dtype=object)),
+                               ("max_tokens", "INT32", np.array([[1500]], dtype=np.int32)),
+                               ("min_tokens", "INT32", np.array([[1500]], dtype=np.int32)),
+                               ("stream", "BOOL", np.array([[True]]))):
+        t = grpcclient.InferInput(name, list(value.shape), dtype)
+        t.set_data_from_numpy(value)
+        inputs.append(t)
+    client.async_stream_infer(cpp.model, inputs, request_id="cancel-me", enable_empty_final_response=True)
+    for _ in range(3):
+        _result, error = got.get(timeout=60)
+        assert error is None, error
+    client.stop_stream(cancel_requests=True)  # the client goes: Triton cancels the request
+    client.close()
+    assert wait_metric(cpp.metrics_url, POST_FINISHED, lambda v: v > before, 30,
+                       finish_reason="cancelled") == before + 1
+    assert wait_engine_gauge(cpp.metrics_url, lambda v: v == 0, 30) == 0  # the engine stopped
+    _no_state(cpp)
+
+
+def test_no_postprocessing_state_after_a_thousand_requests(cpp: Any) -> None:
+    finished = {r: metric(cpp.metrics_url, POST_FINISHED, finish_reason=r) for r in ("stop", "length")}
+
+    async def main() -> list[str]:
+        sem = asyncio.Semaphore(16)
+        async with AsyncClient(cpp.grpc_url, model=cpp.model, timeout=300) as client:
+            async def one(i: int) -> str:
+                # odd: the greedy text's first token is " girl", a stop word -> "stop";
+                # even: another prompt, max_tokens reached -> "length"
+                prompt, stop = (STORY, [" girl"]) if i % 2 else (f"{STORY} {i % 7}", [])
+                async with sem, client.stream(prompt, max_tokens=1 + i % 3, stop=stop) as s:
+                    async for _ in s:
+                        pass
+                return s.completion.finish_reason.value
+            return await asyncio.gather(*(one(i) for i in range(REQUESTS)))
+
+    started = time.monotonic()
+    reasons = asyncio.run(main())
+    took = time.monotonic() - started
+    print(f"{REQUESTS} requests in {took:.1f} s: " + ", ".join(f"{r} {reasons.count(r)}" for r in set(reasons)))
+    assert len(reasons) == REQUESTS and set(reasons) == {"stop", "length"}
+    assert reasons.count("stop") == REQUESTS // 2
+    after = {r: metric(cpp.metrics_url, POST_FINISHED, finish_reason=r) for r in ("stop", "length")}
+    assert sum(after.values()) - sum(finished.values()) == REQUESTS
+    assert after["length"] - finished["length"] == reasons.count("length")
+    _no_state(cpp)
