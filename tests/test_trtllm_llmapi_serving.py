@@ -29,7 +29,7 @@ from trtllm_support import STANDINS, load_example, metric, smollm2_folder, start
 
 PROMPTS = {
     "story": ("Once upon a time, there was a little", 24),
-    "chinese": ("上海是中国最大的城市之一。北京是", 32),
+    "chinese": ("上海是中国最大的城市之一。北京是", 24),
 }
 SPEC = "llama3-8b-llmapi"
 POST_OPEN = "tritonforge_postprocessing_open_requests"
