@@ -83,6 +83,15 @@ def test_tensorrt_llm_model_agrees_with_the_facts_table(path: Path) -> None:
         assert params["gpt_model_path"] == spec.tensorrtllm.engine_dir
         assert not set(params) & set(TRTLLM_PLACEHOLDERS)
         assert "build_engine.sh" in files
+        lora_in = {"lora_weights", "lora_config"}
+        engine_step = next(st for st in _config(files, spec.name).ensemble_scheduling.step
+                           if st.model_name == C.MODEL_TENSORRT_LLM)
+        wired = {k: v for k, v in engine_step.input_map.items() if k in lora_in}
+        if spec.lora.enabled:  # an adapter's weights, sent by preprocessing (first request only)
+            assert wired == {n: f"{C.MODEL_PREPROCESSING}__{C.pre_output(n)}" for n in lora_in}
+            assert lora_in <= {t.name for t in cfg.input}
+        else:
+            assert not wired and not lora_in & {t.name for t in cfg.input}
     else:
         assert cfg.backend == "python" and not set(params) & TRTLLM_PARAMETERS
         assert params[C.Param.ENGINE_KIND.value] == C.EngineKind.TRTLLM_LLMAPI.value

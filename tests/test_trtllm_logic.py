@@ -162,3 +162,55 @@ def test_llmapi_sampling_greedy_is_top_k_1(standin, tok) -> None:  # type: ignor
     sp = a.sampling_params(req)
     assert (sp.top_k, sp.top_p, sp.temperature) == (None, 0.9, 0.7)
     assert sp.detokenize is False and sp.exclude_input_from_output is True
+
+
+# ---------------------------------------------------------------------- C++ LoRA weights
+def _converted(folder: Path, rows: int, width: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """An adapter as TensorRT-LLM's hf_lora_convert.py saves it: [1, rows, width] FP16 weights
+    and [1, rows, 3] INT32 (module id, layer, rank)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    w = rng.standard_normal((1, rows, width)).astype(np.float16)
+    c = np.array([[[i % 8, i // 8, 8] for i in range(rows)]], dtype=np.int32)
+    np.save(folder / C.LORA_WEIGHTS_FILE, w)
+    np.save(folder / C.LORA_CONFIG_FILE, c)
+    return w, c
+
+
+def test_lora_weights_go_with_an_adapters_first_request_only(tok, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sql = _converted(tmp_path / "sql", 4, 16, 1)
+    chat = _converted(tmp_path / "chat", 6, 16, 2)
+    pre = Preprocessor(PreprocessSettings(
+        model="x", engine=C.EngineKind.TRTLLM_CPP, lora_adapters={"chat": 1, "sql": 2},
+        lora_paths={1: str(tmp_path / "chat"), 2: str(tmp_path / "sql")}), tok)
+
+    def send(name: str | None) -> dict[str, np.ndarray]:
+        inputs = {"text_input": np.array([[b"Hello"]], dtype=object), "max_tokens": np.array([[4]], dtype=np.int32)}
+        if name:
+            inputs["lora_name"] = np.array([[name.encode()]], dtype=object)
+        return pre.process(inputs)
+
+    w, cfg = C.pre_output("lora_weights"), C.pre_output("lora_config")
+    first = send("sql")
+    assert first[C.pre_output("lora_task_id")].item() == 2
+    assert np.array_equal(first[w], sql[0]) and first[w].dtype == np.float16
+    assert np.array_equal(first[cfg], sql[1]) and first[cfg].dtype == np.int32
+    again = send("sql")
+    assert again[C.pre_output("lora_task_id")].item() == 2 and w not in again and cfg not in again
+    other = send("chat")
+    assert np.array_equal(other[w], chat[0]) and other[cfg].shape == (1, 6, 3)
+    plain = send(None)
+    assert plain[C.pre_output("lora_task_id")].item() == 0 and w not in plain
+
+
+def test_an_unconverted_adapter_folder_is_refused_at_start(tok, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "peft").mkdir()
+    (tmp_path / "peft" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"peft: needs model\.lora_weights\.npy and model\.lora_config\.npy"):
+        Preprocessor(PreprocessSettings(model="x", engine=C.EngineKind.TRTLLM_CPP, lora_adapters={"p": 1},
+                                        lora_paths={1: str(tmp_path / "peft")}), tok)
+    _converted(tmp_path / "fp32", 2, 8, 3)
+    np.save(tmp_path / "fp32" / C.LORA_WEIGHTS_FILE, np.zeros((1, 2, 8), dtype=np.float32))
+    with pytest.raises(ValueError, match="--storage-type float16"):
+        Preprocessor(PreprocessSettings(model="x", engine=C.EngineKind.TRTLLM_CPP, lora_adapters={"p": 1},
+                                        lora_paths={1: str(tmp_path / "fp32")}), tok)

@@ -53,6 +53,9 @@ __all__ = [
     "ENSEMBLE_OUTPUTS",
     "FINAL_RESPONSE_PARAMETER",
     "LIMITS",
+    "LORA_CONFIG_FILE",
+    "LORA_ENGINE_INPUTS",
+    "LORA_WEIGHTS_FILE",
     "MODEL_BLS",
     "MODEL_POSTPROCESSING",
     "MODEL_PREPROCESSING",
@@ -533,6 +536,20 @@ _ENGINE_CONTROL_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("stop", DType.BOOL, (1,), True, "Cancel the live request with this request id."),
     Tensor("embedding_bias", DType.FP32, (-1,), True),
 )
+
+
+# LoRA weights for the TensorRT-LLM C++ backend, which caches adapters by lora_task_id and
+# refuses a task id it has not been sent the weights of: preprocessing sends them (from the
+# adapter folder TensorRT-LLM's hf_lora_convert.py writes) with an adapter's first request
+# and leaves them out after; only ensembles of a C++ deployment with LoRA wire them.
+LORA_ENGINE_INPUTS: Final[tuple[Tensor, ...]] = (
+    Tensor("lora_weights", DType.FP16, (-1, -1), True,
+           "Adapter weights, [modules x layers, in/out weights] (model.lora_weights.npy)."),
+    Tensor("lora_config", DType.INT32, (-1, 3), True,
+           "Per row of lora_weights: module id, layer, rank (model.lora_config.npy)."),
+)
+LORA_WEIGHTS_FILE: Final = "model.lora_weights.npy"
+LORA_CONFIG_FILE: Final = "model.lora_config.npy"
 
 
 def _engine_inputs() -> tuple[Tensor, ...]:

@@ -322,6 +322,14 @@ def plan_repository(spec: Spec) -> RepoPlan:
     engine_name = C.MODEL_VLLM_ENGINE if is_vllm else C.MODEL_TENSORRT_LLM
     adapters = lora_adapters(s)
 
+    # The C++ backend with LoRA: preprocessing sends an adapter's weights with its first
+    # request (contract.LORA_ENGINE_INPUTS); absent from a response, Triton's ensemble
+    # leaves the engine's optional input out (seen on 2.51).
+    lora_weights = kind is C.EngineKind.TRTLLM_CPP and s.lora.enabled
+    lora_inputs = C.LORA_ENGINE_INPUTS if lora_weights else ()
+    pre_outputs = C.PREPROCESSING_OUTPUTS + tuple(
+        t.renamed(C.pre_output(t.name), optional=False) for t in lora_inputs)
+
     # No dynamic batcher on any step of the ensemble: when a client cancels, Triton's ensemble
     # scheduler cancels the next step's request, and a batcher answers a cancelled request
     # itself -- after which Triton 2.51 never releases the ensemble request (it stays
@@ -329,7 +337,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
     # and answers it (postprocessing also stops the engine then; see postprocessing_model).
     pre = _python_model(
         C.MODEL_PREPROCESSING, C.MODEL_PREPROCESSING, s,
-        inputs=_tensors(C.PREPROCESSING_INPUTS), outputs=_tensors(C.PREPROCESSING_OUTPUTS),
+        inputs=_tensors(C.PREPROCESSING_INPUTS), outputs=_tensors(pre_outputs),
         count=inst.preprocessing, dynamic=False,
         params={
             C.Param.MODEL.value: s.model.path,
@@ -401,7 +409,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
     else:
         engine = ModelPlan(
             name=C.MODEL_TENSORRT_LLM, kind="tensorrtllm", max_batch_size=bt.max_batch_size,
-            inputs=_cpp_tensors(_cpp_engine_inputs(), TRTLLM_INPUTS),
+            inputs=_cpp_tensors(_cpp_engine_inputs() + lora_inputs, TRTLLM_INPUTS),
             outputs=_cpp_tensors(C.ENGINE_OUTPUTS, TRTLLM_OUTPUTS), decoupled=s.streaming, instance_count=1,
             instance_kind="KIND_CPU", dynamic_batching=True,
             queue_delay_us=bt.max_queue_delay_microseconds, max_queue_size=bt.max_queue_size,
@@ -423,6 +431,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
         if n == "streaming" and not s.streaming:
             continue  # a non-decoupled engine must never receive streaming=true
         engine_in.append((n, t_pre(C.pre_output(n))))
+    engine_in += [(t.name, t_pre(C.pre_output(t.name))) for t in lora_inputs]
     post_in: list[tuple[str, str]] = []
     for n, (step, src) in C.POSTPROCESSING_SOURCES.items():
         if step == "engine":

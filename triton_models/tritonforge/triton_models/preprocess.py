@@ -15,12 +15,15 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tritonforge import contract
 from tritonforge.contract import (
     LIMITS,
+    LORA_CONFIG_FILE,
+    LORA_WEIGHTS_FILE,
     REQUEST_PARAMETERS,
     SAMPLING_DEFAULTS,
     EngineKind,
@@ -30,7 +33,14 @@ from tritonforge.contract import (
 )
 from tritonforge.triton_models.errors import RequestError
 
-__all__ = ["PreprocessSettings", "Preprocessor", "load_tokenizer", "to_word_list"]
+__all__ = [
+    "LoraWeightsSender",
+    "PreprocessSettings",
+    "Preprocessor",
+    "load_converted_lora",
+    "load_tokenizer",
+    "to_word_list",
+]
 
 
 @dataclass
@@ -45,6 +55,7 @@ class PreprocessSettings:
     max_prompt_bytes: int = LIMITS.max_prompt_bytes
     lora_adapters: dict[str, int] = field(default_factory=dict)  # name -> task id
     engine: EngineKind = EngineKind.VLLM
+    lora_paths: dict[int, str] = field(default_factory=dict)  # task id -> adapter folder
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> PreprocessSettings:
@@ -61,6 +72,7 @@ class PreprocessSettings:
             max_prompt_bytes=int(params.get(Param.MAX_PROMPT_BYTES.value) or LIMITS.max_prompt_bytes),
             lora_adapters={k: int(v["id"]) for k, v in adapters.items()},
             engine=EngineKind(params.get(Param.ENGINE_KIND.value) or EngineKind.VLLM.value),
+            lora_paths={int(v["id"]): str(v["path"]) for v in adapters.values()},
         )
 
 
@@ -87,6 +99,46 @@ def to_word_list(words: list[list[int]]) -> np.ndarray:
     out[0, : len(flat)] = flat
     out[1, : len(ends)] = ends
     return out
+
+
+def load_converted_lora(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """An adapter converted by TensorRT-LLM's ``hf_lora_convert.py``: (``lora_weights``
+    ``[1, N, D]`` FP16, ``lora_config`` ``[1, N, 3]`` INT32), checked; ``ValueError`` naming
+    the folder and the fix otherwise."""
+    w_path, c_path = folder / LORA_WEIGHTS_FILE, folder / LORA_CONFIG_FILE
+    if not w_path.is_file() or not c_path.is_file():
+        raise ValueError(f"LoRA adapter folder {folder}: needs {LORA_WEIGHTS_FILE} and {LORA_CONFIG_FILE} "
+                         "as TensorRT-LLM's hf_lora_convert.py writes them; convert the adapter once "
+                         "(see docs/tensorrt-llm.md)")
+    weights, config = np.load(w_path), np.load(c_path)
+    weights = weights[None] if weights.ndim == 2 else weights
+    config = config[None] if config.ndim == 2 else config
+    if weights.ndim != 3 or weights.shape[0] != 1:
+        raise ValueError(f"{w_path}: must be [1, modules x layers, weights]; got {list(weights.shape)}")
+    if config.ndim != 3 or config.shape[0] != 1 or config.shape[2] != 3 or config.shape[1] != weights.shape[1]:
+        raise ValueError(f"{c_path}: must be [1, {weights.shape[1]}, 3] (one row per row of "
+                         f"{LORA_WEIGHTS_FILE}); got {list(config.shape)}")
+    if weights.dtype != np.float16:
+        raise ValueError(f"{w_path}: the backend takes FP16 lora_weights; got {weights.dtype}. "
+                         "Fix: convert with --storage-type float16")
+    return weights, config.astype(np.int32)
+
+
+class LoraWeightsSender:
+    """For the TensorRT-LLM C++ backend, which caches adapters by ``lora_task_id``: an
+    adapter's weights go with its first request (of this preprocessing instance), its task id
+    alone after. Adapters are loaded and checked once, at start."""
+
+    def __init__(self, paths: Mapping[int, str]) -> None:
+        self._weights = {task: load_converted_lora(Path(path)) for task, path in paths.items()}
+        self._sent: set[int] = set()
+
+    def outputs(self, task_id: int) -> dict[str, np.ndarray]:
+        if not task_id or task_id in self._sent or task_id not in self._weights:
+            return {}
+        self._sent.add(task_id)
+        weights, config = self._weights[task_id]
+        return {pre_output("lora_weights"): weights, pre_output("lora_config"): config}
 
 
 def _first(arr: np.ndarray | None) -> Any:
@@ -145,6 +197,9 @@ class Preprocessor:
             getattr(tokenizer, "added_tokens_decoder", {}) or {})
         self._default_stop = [self._encode_word("stop_words", w)
                               for w in settings.defaults.get("stop_words", ())]
+        self.lora_weights: LoraWeightsSender | None = None
+        if settings.engine is EngineKind.TRTLLM_CPP and settings.lora_paths:
+            self.lora_weights = LoraWeightsSender(settings.lora_paths)
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> Preprocessor:
@@ -209,6 +264,8 @@ class Preprocessor:
                 out[pre_output(t.name)] = to_word_list(value)[None]
             else:
                 out[pre_output(t.name)] = np.array([[value]], dtype=t.dtype.numpy)
+        if self.lora_weights is not None:
+            out.update(self.lora_weights.outputs(int(filled["lora_name"])))
         return out
 
     def _prompt_ids(self, inputs: Mapping[str, np.ndarray | None]) -> list[int]:
