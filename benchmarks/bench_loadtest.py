@@ -99,6 +99,12 @@ def part_ttft(args: argparse.Namespace) -> None:
           f" max_tokens {args.max_tokens}, dataset {args.dataset}, model {args.model} at {args.grpc_url})")
     locust_runs: list[float] = []
     async_runs: list[float] = []
+    # Warm-up, not measured: a freshly started server's first requests are slower, and the
+    # first side to run would pay for it.
+    warm = asyncio.run(run_async(grpc_url=args.grpc_url, model=args.model, users=args.users,
+                                 duration=args.warmup, max_tokens=args.max_tokens,
+                                 dataset=args.dataset))
+    print(f"  warm-up ({args.warmup} s, not counted): {len(warm)} requests")
     with tempfile.TemporaryDirectory() as tmp:
         # ABBA order: locust, async, async, locust, ...
         order = [side for r in range(args.rounds)
@@ -114,7 +120,7 @@ def part_ttft(args: argparse.Namespace) -> None:
                 if st:
                     locust_runs.append(st["p50"])
                 print(f"  locust run: TTFT p50 {st['p50'] if st else float('nan'):.1f} ms over"
-                      f" {summary['requests']['succeeded']} requests")
+                      f" {summary['requests']['succeeded']} requests (load average {os.getloadavg()[0]:.2f})")
             else:
                 ttfts = asyncio.run(run_async(grpc_url=args.grpc_url, model=args.model,
                                               users=args.users, duration=args.duration,
@@ -122,7 +128,7 @@ def part_ttft(args: argparse.Namespace) -> None:
                 if ttfts:
                     async_runs.append(statistics.median(ttfts))
                 print(f"  async run:  TTFT p50 {statistics.median(ttfts) if ttfts else float('nan'):.1f} ms"
-                      f" over {len(ttfts)} requests")
+                      f" over {len(ttfts)} requests (load average {os.getloadavg()[0]:.2f})")
     if not locust_runs or not async_runs:
         print("  no successful requests on one side; no ratio")
         return
@@ -250,6 +256,7 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--duration", type=int, default=20, help="seconds per run")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each side")
+    ap.add_argument("--warmup", type=int, default=8, help="seconds of unmeasured requests first")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dataset", default="short-chat")
     ap.add_argument("--fast-users", type=int, default=16)
