@@ -1,8 +1,9 @@
 """A known intermittent abort of Triton's Python backend at start-up is retried, nothing else.
 
 Triton 2.51's Python backend sometimes aborts while models load on a loaded machine
-(``boost::interprocess::lock_exception``; upstream server#8882). ``TritonServer.start_ready``
-(what ``serve`` and the test fixtures use) starts again on that signature only. The crash
+(``boost::interprocess::lock_exception``; upstream server#8882), or loses a stub's start-up
+handshake and waits forever (a silent log). ``TritonServer.start_ready`` (what ``serve`` and
+the test fixtures use) starts again on those only. The crash
 cannot be provoked on demand, so the first start here runs a wrapper in place of the
 binary that prints the abort's message and exits as an abort does (a stand-in for that one
 failed start, and only that); the next start execs the real bundled tritonserver, on an
@@ -49,6 +50,20 @@ def test_the_known_python_backend_abort_is_retried(tmp_path: Path) -> None:
     server = _server(tmp_path, script)
     try:
         server.start_ready(timeout=120)
+        assert server.is_ready()
+        assert server.restarts_after_crash == 1
+        assert len(count.read_text().splitlines()) == 2
+    finally:
+        server.stop()
+
+
+def test_a_start_that_stalls_is_retried(tmp_path: Path) -> None:
+    # The first start says nothing and never becomes ready (a stand-in for the backend's
+    # lost stub handshake, which cannot be provoked on demand).
+    script, count = _wrapper(tmp_path, "  exec sleep 120")
+    server = _server(tmp_path, script)
+    try:
+        server.start_ready(timeout=120, stall_seconds=3)
         assert server.is_ready()
         assert server.restarts_after_crash == 1
         assert len(count.read_text().splitlines()) == 2

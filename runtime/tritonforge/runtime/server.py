@@ -71,6 +71,16 @@ EXIT_TIMEOUT_SECONDS = 5
 # with the repository: a fresh start loads it. start_ready() restarts on these, and only
 # these, a bounded number of times.
 KNOWN_START_CRASHES = ("boost::interprocess::lock_exception",)
+# The same backend can also miss a stub's start-up handshake under load and then wait for
+# it forever (seen with gdb in StubLauncher::Launch): the log stops growing and no model is
+# ever ready. start_ready() treats this many seconds of a silent log before ready as that
+# stall. Loading prints steadily (vLLM's engine start, each model's load lines); the
+# longest silence seen in a healthy start here was ~100 s, at a load average of 18.
+STALL_SECONDS = 300.0
+
+
+class StartStalled(Exception):
+    """tritonserver stopped making progress while loading (see ``STALL_SECONDS``)."""
 
 
 class ServerError(Exception):
@@ -305,11 +315,23 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
-    def wait_ready(self, timeout: float = 300.0, on_tick: Callable[[float], None] | None = None) -> float:
-        """Block until ready; return seconds waited. Raises ServerError with the log tail."""
+    def wait_ready(self, timeout: float = 300.0, on_tick: Callable[[float], None] | None = None,
+                   stall_seconds: float | None = None) -> float:
+        """Block until ready; return seconds waited. Raises ServerError with the log tail
+        (``StartStalled`` first when ``stall_seconds`` pass without the log growing)."""
         start = time.monotonic()
+        size, grew = -1, start
         while True:
-            elapsed = time.monotonic() - start
+            now = time.monotonic()
+            elapsed = now - start
+            if stall_seconds is not None:
+                with contextlib.suppress(OSError):
+                    current = self.log_file.stat().st_size
+                    if current != size:
+                        size, grew = current, now
+                if now - grew > stall_seconds and not self.is_ready():
+                    raise StartStalled(f"tritonserver made no progress for {stall_seconds:.0f} s "
+                                       f"while loading.\n{self.log_tail()}")
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
                 raise ServerError(f"tritonserver exited (code {code}) before it was ready.\n{self.log_tail()}")
@@ -322,14 +344,20 @@ class TritonServer:
             time.sleep(0.25)
 
     def start_ready(self, timeout: float = 600.0, on_tick: Callable[[float], None] | None = None,
-                    retries: int = 2) -> float:
+                    retries: int = 2, stall_seconds: float = STALL_SECONDS) -> float:
         """``start()`` then ``wait_ready()``; when tritonserver aborts while loading with one
-        of :data:`KNOWN_START_CRASHES` (and only then), stop and start again, at most
-        ``retries`` times. Returns the seconds the successful start waited."""
+        of :data:`KNOWN_START_CRASHES`, or its start stalls (:data:`STALL_SECONDS`), and
+        only then, stop and start again, at most ``retries`` times. Returns the seconds the
+        successful start waited."""
         for attempt in range(retries + 1):
             self.start()
             try:
-                return self.wait_ready(timeout, on_tick)
+                return self.wait_ready(timeout, on_tick, stall_seconds=stall_seconds)
+            except StartStalled as exc:
+                self.stop()
+                if attempt == retries:
+                    raise ServerError(str(exc)) from None
+                self.restarts_after_crash += 1
             except ServerError:
                 crashed = self.process is not None and self.process.poll() is not None and any(
                     sig in self._log_since_start() for sig in KNOWN_START_CRASHES)
