@@ -68,7 +68,11 @@ def engine_counts(metrics_port: int) -> tuple[float, float]:
 
 
 def start_serve(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
-    ports = {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port(), "openai": _free_port()}
+    picked: list[int] = []
+    while len(picked) < 4:  # four distinct ports (the OS may hand the same free port twice)
+        if (p := _free_port()) not in picked:
+            picked.append(p)
+    ports = dict(zip(("http", "grpc", "metrics", "openai"), picked, strict=True))
     log = tmp / "serve.log"
     proc = subprocess.Popen(
         [str(VENV_BIN / "tritonforge"), "serve", "--http-port", str(ports["http"]),

@@ -85,14 +85,16 @@ def _run_the_printed_commands(out: str, ports: list[int]) -> None:
         text = done.stdout + done.stderr
         assert done.returncode == 0 and "Traceback" not in text, (cmd, text[-2000:])
         assert done.stdout.strip(), (cmd, text[-2000:])
-    # The load test too, with no --model: a short bounded run.
-    results = ROOT / ".cache" / "test-results" / f"serve-loadtest-{os.getpid()}"
-    done = subprocess.run(
-        [TRITONFORGE, "loadtest", "--url", f"127.0.0.1:{ports[1]}", "--users", "1", "--spawn-rate", "1",
-         "--duration", "6", "--max-tokens", "8", "--output", str(results)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
-    )
-    assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    # The load test too, with no --model, over each transport: short bounded runs.
+    for protocol, port in (("grpc", ports[1]), ("http", ports[0])):
+        results = ROOT / ".cache" / "test-results" / f"serve-loadtest-{protocol}-{os.getpid()}"
+        done = subprocess.run(
+            [TRITONFORGE, "loadtest", "--protocol", protocol, "--url", f"127.0.0.1:{port}", "--users", "1",
+             "--spawn-rate", "1", "--duration", "5", "--max-tokens", "8", "--output", str(results)],
+            capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+        )
+        out = done.stdout + done.stderr
+        assert done.returncode == 0 and "Traceback" not in out, (protocol, out[-3000:])
 
 
 def test_serve_refuses_a_broken_repository(tmp_path: Path) -> None:

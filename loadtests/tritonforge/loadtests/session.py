@@ -75,13 +75,17 @@ def _fail(msg: str) -> None:
 
 
 def _discover_model(s: Settings) -> str:
+    """The one ensemble the server serves, asked on the address the run loads: over HTTP
+    for the HTTP users, over gRPC otherwise."""
     from tritonforge.clients import Client, TritonForgeError
 
+    http = s.protocol.value in ("http", "http-sync")
+    url = s.http_url if http else s.grpc_url
     try:
-        with Client(s.grpc_url, protocol="grpc", timeout=10, connect_retries=0) as client:
-            return client.resolve_model()  # discovery needs TRITONFORGE_ADMIN_KEY
+        with Client(url, protocol="http" if http else "grpc", timeout=10, connect_retries=0) as client:
+            return client.resolve_model()  # a local serve's admin key is found by the client
     except TritonForgeError as exc:
-        raise SettingsError(f"no model given and discovery at {s.grpc_url} failed ({exc});"
+        raise SettingsError(f"no model given and discovery at {url} failed ({exc});"
                             " pass --model NAME or set TRITONFORGE_MODEL") from None
 
 
