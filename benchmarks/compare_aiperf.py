@@ -51,20 +51,38 @@ def load() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def engine_counts(metrics_port: int) -> tuple[float, float]:
-    """(finished requests, generated tokens) from the engine's own metrics on the server."""
+def engine_counts(metrics_port: int) -> dict[str, float]:
+    """Finished requests, generated tokens and the sums/counts of the engine's own TTFT and
+    time-per-output-token histograms, from the server's metrics: what the server did and
+    how fast, measured by neither tool."""
     import urllib.request
 
-    from tritonforge.triton_models.metrics import GENERATION_TOKENS, REQUESTS_FINISHED
+    from tritonforge.triton_models.metrics import (
+        GENERATION_TOKENS,
+        REQUESTS_FINISHED,
+        TIME_PER_OUTPUT_TOKEN,
+        TTFT,
+    )
 
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    total = {REQUESTS_FINISHED: 0.0, GENERATION_TOKENS: 0.0}
+    names = {REQUESTS_FINISHED: "requests", GENERATION_TOKENS: "tokens",
+             TTFT + "_sum": "ttft_sum", TTFT + "_count": "ttft_n",
+             TIME_PER_OUTPUT_TOKEN + "_sum": "tpot_sum", TIME_PER_OUTPUT_TOKEN + "_count": "tpot_n"}
+    total = dict.fromkeys(names.values(), 0.0)
     for line in text.splitlines():
         name = re.split(r"[{ ]", line, maxsplit=1)[0]
-        if name in total:
-            total[name] += float(line.rsplit(" ", 1)[1])
-    return total[REQUESTS_FINISHED], total[GENERATION_TOKENS]
+        if name in names:
+            total[names[name]] += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _server_view(a: dict[str, float], b: dict[str, float]) -> tuple[float, float]:
+    """The engine's mean TTFT and time per output token (ms) between two scrapes."""
+    def mean(s: str, n: str) -> float:
+        dn = b[n] - a[n]
+        return 1000.0 * (b[s] - a[s]) / dn if dn else float("nan")
+    return mean("ttft_sum", "ttft_n"), mean("tpot_sum", "tpot_n")
 
 
 def start_serve(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
@@ -189,10 +207,12 @@ def main() -> int:
         for i, side in enumerate(order):
             before = load()
             out = tmp / f"{i}-{side}"
-            n0, t0 = engine_counts(ports["metrics"])
+            c0 = engine_counts(ports["metrics"])
             r = (run_aiperf(a.aiperf, ports, tokenizer, a, out) if side == "aiperf"
                  else run_locust(side.split("-")[1], ports, a, out))
-            n1, t1 = engine_counts(ports["metrics"])
+            c1 = engine_counts(ports["metrics"])
+            n0, t0, n1, t1 = c0["requests"], c0["tokens"], c1["requests"], c1["tokens"]
+            r["server_ttft_ms"], r["server_tpot_ms"] = _server_view(c0, c1)
             results[side].append(r)
             # Same work on both sides, by the engine's own count: OSL tokens per finished request.
             exact = n1 > n0 and (t1 - t0) == a.osl * (n1 - n0)
@@ -200,7 +220,9 @@ def main() -> int:
                   f" {r['itl_p50_ms']:7.2f} ms  {r['tok_s']:7.2f} tok/s  {r['requests']:.0f} requests,"
                   f" {r['errors']:.0f} errors; engine: {n1 - n0:.0f} requests, {t1 - t0:.0f} tokens"
                   f" ({'exactly' if exact else 'NOT'} {a.osl} each); tool counted"
-                  f" {r['osl_min']:.0f}-{r['osl_max']:.0f} per request; {r['wall_s']:.0f} s wall", flush=True)
+                  f" {r['osl_min']:.0f}-{r['osl_max']:.0f} per request; {r['wall_s']:.0f} s wall;"
+                  f" the engine's own mean TTFT {r['server_ttft_ms']:.1f} ms, time per output token"
+                  f" {r['server_tpot_ms']:.2f} ms", flush=True)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(120)
@@ -209,9 +231,11 @@ def main() -> int:
     base = {k: statistics.median(r[k] for r in results["aiperf"]) for k in ("ttft_p50_ms", "itl_p50_ms", "tok_s")}
     for side in sides:
         med = {k: statistics.median(r[k] for r in results[side]) for k in base}
+        srv = {k: statistics.median(r[k] for r in results[side]) for k in ("server_ttft_ms", "server_tpot_ms")}
         print(f"  {side:12s} TTFT p50 {med['ttft_p50_ms']:8.1f} ms ({med['ttft_p50_ms'] / base['ttft_p50_ms']:.2f})"
               f"  ITL p50 {med['itl_p50_ms']:7.2f} ms ({med['itl_p50_ms'] / base['itl_p50_ms']:.2f})"
-              f"  {med['tok_s']:7.2f} tok/s ({med['tok_s'] / base['tok_s']:.2f})")
+              f"  {med['tok_s']:7.2f} tok/s ({med['tok_s'] / base['tok_s']:.2f});  the engine's own:"
+              f" TTFT {srv['server_ttft_ms']:.1f} ms, per output token {srv['server_tpot_ms']:.2f} ms")
     print(f"load average at the end: {load()}")
     return 0
 
