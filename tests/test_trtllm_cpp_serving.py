@@ -29,6 +29,7 @@ import pytest
 from conftest import wait_engine_gauge
 from tritonforge import contract as C
 from tritonforge.clients import AsyncClient, Client
+from tritonforge.triton_models import metrics
 from tritonforge.triton_models.request_facts import FactsStore
 from trtllm_support import (
     MODEL_REF,
@@ -42,9 +43,9 @@ from trtllm_support import (
 
 SPEC = "llama3-8b-trtllm-fp8"
 STORY = "Once upon a time, there was a little"
-POST_OPEN = "tritonforge_postprocessing_open_requests"
-POST_FACTS = "tritonforge_postprocessing_request_facts"
-POST_FINISHED = "tritonforge_postprocessing_requests_finished_total"
+POST_OPEN = metrics.POST_OPEN_REQUESTS
+POST_FACTS = metrics.POST_REQUEST_FACTS
+POST_FINISHED = metrics.POST_FINISHED
 REQUESTS = 1000
 
 

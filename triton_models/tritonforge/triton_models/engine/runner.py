@@ -45,7 +45,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from tritonforge.contract import (
@@ -78,6 +78,20 @@ class Delta:
     token_ids: list[int]
     logprobs: list[float] | None = None  # the log-probability of each token, when asked for
     finish: str | None = None  # None while running; "stop", "length" or "abort" at the end
+
+
+class TokenizerAdapter:
+    """What both engine adapters answer from the engine's own tokenizer (set in ``start``)."""
+
+    tokenizer: Any = None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return None if eos is None else int(eos)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids))
 
 
 class EngineAdapter(Protocol):

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from tritonforge.triton_models.engine.request import SAMPLING_INPUTS, EngineRequest
-from tritonforge.triton_models.engine.runner import Delta
+from tritonforge.triton_models.engine.runner import Delta, TokenizerAdapter
 from tritonforge.triton_models.errors import RequestError
 
 __all__ = ["LLMAPI_FINISH", "LLMAPI_SAMPLING", "LlmApiAdapter"]
@@ -73,7 +73,7 @@ def _logprob(entry: Any, token: int) -> float:
     return 0.0
 
 
-class LlmApiAdapter:
+class LlmApiAdapter(TokenizerAdapter):
     """``tensorrt_llm.LLM`` behind the engine skeleton."""
 
     def __init__(self, llm_args: Mapping[str, Any], *,
@@ -89,14 +89,6 @@ class LlmApiAdapter:
 
         self.llm = LLM(**self.llm_args)
         self.tokenizer = self.llm.tokenizer
-
-    @property
-    def eos_token_id(self) -> int | None:
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        return None if eos is None else int(eos)
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids))
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from tritonforge.triton_models.engine.request import SAMPLING_INPUTS, EngineRequest
-from tritonforge.triton_models.engine.runner import Delta, SchedulerState
+from tritonforge.triton_models.engine.runner import Delta, SchedulerState, TokenizerAdapter
 from tritonforge.triton_models.errors import RequestError
 
 __all__ = ["VLLM_SAMPLING", "VllmAdapter"]
@@ -76,7 +76,7 @@ class _SchedulerReport:
         return _Logger
 
 
-class VllmAdapter:
+class VllmAdapter(TokenizerAdapter):
     """vLLM's AsyncLLM behind the engine skeleton."""
 
     def __init__(
@@ -108,14 +108,6 @@ class VllmAdapter:
         with contextlib.suppress(Exception):
             cc = self.engine.vllm_config.cache_config
             self._kv_capacity = int(cc.num_gpu_blocks or 0) * int(cc.block_size or 0)
-
-    @property
-    def eos_token_id(self) -> int | None:
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        return None if eos is None else int(eos)
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids))
 
     @property
     def kv_capacity_tokens(self) -> int:
