@@ -191,7 +191,6 @@ class Running:
 @dataclass
 class Session:
     running: list[Running] = field(default_factory=list)
-    checked_ports: bool = False
 
     def start(self, cmd: Command, logdir: Path) -> Running:
         log = logdir / f"bg-{len(self.running)}.log"
@@ -229,7 +228,7 @@ class Session:
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
+def session() -> Session:
     s = Session()
     yield s  # type: ignore[misc]
     s.stop()

@@ -85,9 +85,6 @@ class Outcome:
     error: str = ""
 
 
-_describe = describe_error
-
-
 class TritonForgeUser(User):
     """Abstract base: one closed-loop user sending one request after another.
 
@@ -163,7 +160,7 @@ class TritonForgeUser(User):
         except (GreenletExit, StopUser):
             raise  # the test is stopping: an interrupted request is not a result
         except Exception as exc:  # noqa: BLE001 - a bug or an untranslated error: count it, keep going
-            outcome = Outcome("", None, time.perf_counter() - t0, _describe(exc))
+            outcome = Outcome("", None, time.perf_counter() - t0, describe_error(exc))
         self.report(prompt, start, outcome)
 
     def report(self, prompt: Prompt, start: float, outcome: Outcome) -> Record:
@@ -245,7 +242,7 @@ class GrpcTransport:
             raise
         except OSError as exc:
             self._pending.pop(rid, None)
-            return Outcome("", None, time.perf_counter() - t0, _describe(exc))
+            return Outcome("", None, time.perf_counter() - t0, describe_error(exc))
         return Outcome(msg["text"], msg["ttft"], msg["latency"], msg["error"])
 
     def close(self) -> None:
@@ -326,9 +323,9 @@ def _http_error(response: Any) -> str:
     """The failure of a refused HTTP reply, classified by the clients' one error parser."""
     err = getattr(response, "error", None)
     if err is not None and not getattr(response, "status_code", 0):
-        return _describe(err)
+        return describe_error(err)
     body = (response.content or b"").decode("utf-8", errors="replace")
-    return _describe(status_error(response.status_code, error_text(body)))
+    return describe_error(status_error(response.status_code, error_text(body)))
 
 
 class HttpStreamUser(FastHttpUser, TritonForgeUser):
@@ -376,9 +373,9 @@ class HttpStreamUser(FastHttpUser, TritonForgeUser):
                     texts.append(event.text)
             done = True
         except TritonForgeError as exc:
-            return Outcome("", None, time.perf_counter() - t0, _describe(exc))
+            return Outcome("", None, time.perf_counter() - t0, describe_error(exc))
         except OSError as exc:
-            return Outcome("", None, time.perf_counter() - t0, _describe(exc))
+            return Outcome("", None, time.perf_counter() - t0, describe_error(exc))
         finally:
             if not done:
                 _abort(resp)
@@ -416,5 +413,5 @@ class HttpGenerateUser(FastHttpUser, TritonForgeUser):
         try:
             event = _wire.sse_event((resp.content or b"").decode("utf-8"))
         except TritonForgeError as exc:
-            return Outcome("", None, latency, _describe(exc))
+            return Outcome("", None, latency, describe_error(exc))
         return Outcome(event.text, latency, latency)
