@@ -103,8 +103,9 @@ class Batching(_Section):
     tritonforge's vLLM engine model, which has no batcher: vLLM schedules every step)."""
 
     max_queue_size: int | None = Field(default=None, ge=1, le=1_000_000)
-    """Engine queue bound: requests beyond it are rejected as OVERLOADED (unset: unbounded).
-    TensorRT-LLM: Triton's queue policy; vLLM engine model: requests not yet generating."""
+    """Engine queue bound: requests beyond it are rejected at once as OVERLOADED ("queue
+    full"; gRPC status UNAVAILABLE; unset: unbounded). TensorRT-LLM: Triton's queue policy; vLLM
+    engine model: requests waiting beyond the `max_num_seqs` running ones."""
 
     max_num_seqs: int | None = Field(default=None, ge=1, le=65_536)
     """vLLM only: sequences scheduled concurrently (default: ``max_batch_size``)."""

@@ -35,7 +35,18 @@ scheduler's own report (vLLM's stat loggers), not a count kept by tritonforge:
 ``tritonforge_engine_requests_finished_total``         counter    + ``finish_reason``
 ``tritonforge_engine_abort_failures_total``            counter
 ``tritonforge_engine_up``                              gauge      1, 0 once the engine died
+``tritonforge_engine_queue_full_rejections_total``     counter    refused: queue full
+``tritonforge_engine_prefix_cache_queries_total``      counter    vLLM's own, tokens
+``tritonforge_engine_prefix_cache_hits_total``         counter    vLLM's own, tokens
+``tritonforge_engine_spec_decode_drafts_total``        counter    vLLM's own
+``tritonforge_engine_spec_decode_draft_tokens_total``  counter    vLLM's own
+``tritonforge_engine_spec_decode_accepted_tokens_total`` counter  vLLM's own
 ====================================================  =========  ====================
+
+The prefix-cache and speculative-decoding counters are vLLM's scheduler stats (the counts
+vLLM's own Prometheus logger exports as ``vllm:prefix_cache_queries``/``_hits`` and
+``vllm:spec_decode_num_drafts``/``_num_draft_tokens``/``_num_accepted_tokens``), summed by
+the engine model's stat logger; they stay 0 while the knob is off.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ __all__ = [
     "ABORT_FAILURES",
     "E2E_BUCKETS",
     "E2E_LATENCY",
+    "ENGINE_COUNTERS",
     "ENGINE_METRIC_NAMES",
     "ENGINE_UP",
     "GENERATION_TOKENS",
@@ -62,10 +74,16 @@ __all__ = [
     "POST_FINISHED",
     "POST_OPEN_REQUESTS",
     "POST_REQUEST_FACTS",
+    "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_QUERIES",
     "PROMPT_TOKENS",
+    "QUEUE_FULL_REJECTIONS",
     "REQUESTS_FINISHED",
     "REQUESTS_RUNNING",
     "REQUESTS_WAITING",
+    "SPEC_ACCEPTED_TOKENS",
+    "SPEC_DRAFTS",
+    "SPEC_DRAFT_TOKENS",
     "TIME_PER_OUTPUT_TOKEN",
     "TPOT_BUCKETS",
     "TTFT",
@@ -85,6 +103,20 @@ KV_CACHE_USAGE: Final = "tritonforge_engine_kv_cache_usage_ratio"
 REQUESTS_FINISHED: Final = "tritonforge_engine_requests_finished_total"
 ABORT_FAILURES: Final = "tritonforge_engine_abort_failures_total"
 ENGINE_UP: Final = "tritonforge_engine_up"
+QUEUE_FULL_REJECTIONS: Final = "tritonforge_engine_queue_full_rejections_total"
+PREFIX_CACHE_QUERIES: Final = "tritonforge_engine_prefix_cache_queries_total"
+PREFIX_CACHE_HITS: Final = "tritonforge_engine_prefix_cache_hits_total"
+SPEC_DRAFTS: Final = "tritonforge_engine_spec_decode_drafts_total"
+SPEC_DRAFT_TOKENS: Final = "tritonforge_engine_spec_decode_draft_tokens_total"
+SPEC_ACCEPTED_TOKENS: Final = "tritonforge_engine_spec_decode_accepted_tokens_total"
+#: ``EngineCounts`` field -> the counter it feeds.
+ENGINE_COUNTERS: Final[dict[str, str]] = {
+    "prefix_cache_queries": PREFIX_CACHE_QUERIES,
+    "prefix_cache_hits": PREFIX_CACHE_HITS,
+    "spec_drafts": SPEC_DRAFTS,
+    "spec_draft_tokens": SPEC_DRAFT_TOKENS,
+    "spec_accepted_tokens": SPEC_ACCEPTED_TOKENS,
+}
 
 TTFT_BUCKETS: Final[tuple[float, ...]] = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
@@ -103,7 +135,8 @@ HISTOGRAMS: Final[dict[str, tuple[float, ...]]] = {
     TIME_PER_OUTPUT_TOKEN: TPOT_BUCKETS,
     E2E_LATENCY: E2E_BUCKETS,
 }
-_COUNTERS: Final = (PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS_FINISHED, ABORT_FAILURES)
+_COUNTERS: Final = (PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS_FINISHED, ABORT_FAILURES,
+                    QUEUE_FULL_REJECTIONS, *ENGINE_COUNTERS.values())
 _GAUGES: Final = (REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE, ENGINE_UP)
 
 #: Every series name a scrape shows for these metrics (histograms expanded).
@@ -125,6 +158,13 @@ _DESCRIPTIONS: Final = {
     REQUESTS_FINISHED: "Requests finished by the engine, by finish reason.",
     ABORT_FAILURES: "Aborts the engine refused (it may still be generating for the request).",
     ENGINE_UP: "1 while the inference engine can serve; 0 once it has died (restart the server).",
+    QUEUE_FULL_REJECTIONS: "Requests refused with OVERLOADED because the engine held max_num_seqs "
+                           "running plus batching.max_queue_size waiting requests.",
+    PREFIX_CACHE_QUERIES: "Prompt tokens the engine looked up in its prefix cache (vLLM's own count).",
+    PREFIX_CACHE_HITS: "Prompt tokens found in the engine's prefix cache (vLLM's own count).",
+    SPEC_DRAFTS: "Speculative-decoding drafts proposed (vLLM's own count).",
+    SPEC_DRAFT_TOKENS: "Tokens proposed by speculative decoding (vLLM's own count).",
+    SPEC_ACCEPTED_TOKENS: "Proposed tokens the target model accepted (vLLM's own count).",
 }
 
 _Labels = dict[str, str]
@@ -333,7 +373,8 @@ class EngineMetrics:
         if self._memory is not None:
             for name, buckets in HISTOGRAMS.items():
                 self._memory.metric(name, "histogram", self.labels, buckets)
-        for name in (PROMPT_TOKENS, GENERATION_TOKENS, ABORT_FAILURES):
+        for name in (PROMPT_TOKENS, GENERATION_TOKENS, ABORT_FAILURES, QUEUE_FULL_REJECTIONS,
+                     *ENGINE_COUNTERS.values()):
             self._increment(name, 0, allow_zero=True)
         for name in _GAUGES:
             self._set(name, 1.0 if name == ENGINE_UP else 0.0)
@@ -380,6 +421,14 @@ class EngineMetrics:
 
     def add_abort_failure(self) -> None:
         self._increment(ABORT_FAILURES, 1)
+
+    def add_queue_full_rejection(self) -> None:
+        self._increment(QUEUE_FULL_REJECTIONS, 1)
+
+    def add_engine_counts(self, delta: Any) -> None:
+        """Add an ``EngineCounts`` delta (the engine's own totals) to their counters."""
+        for field, name in ENGINE_COUNTERS.items():
+            self._increment(name, int(getattr(delta, field, 0) or 0))
 
     # -- lifecycle / inspection --------------------------------------------------------------
     def flush(self, timeout: float | None = 10.0) -> bool:

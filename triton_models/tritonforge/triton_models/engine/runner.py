@@ -44,7 +44,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -58,7 +58,7 @@ from tritonforge.contract import (
 from tritonforge.triton_models.engine.request import EngineRequest, StopMatcher, engine_outputs
 from tritonforge.triton_models.errors import ModelError
 
-__all__ = ["Delta", "EngineAdapter", "EngineRunner", "Responder", "SchedulerState"]
+__all__ = ["Delta", "EngineAdapter", "EngineCounts", "EngineRunner", "Responder", "SchedulerState"]
 
 log = logging.getLogger("tritonforge.engine")
 # A stop that arrives before its request is kept this long (and at most this many).
@@ -136,6 +136,8 @@ class _Metrics(Protocol):
     def add_request_finished(self, finish_reason: str) -> None: ...
     def add_abort_failure(self) -> None: ...
     def set_engine_up(self, up: bool) -> None: ...
+    def add_queue_full_rejection(self) -> None: ...
+    def add_engine_counts(self, delta: EngineCounts) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,22 @@ class SchedulerState:
     waiting: int
     kv_cache_usage: float
     age_seconds: float  # since the report; an idle engine reports nothing
+
+
+@dataclass(frozen=True)
+class EngineCounts:
+    """The engine's own running totals (vLLM's scheduler stats), exported as counters:
+    prompt tokens looked up in / found in the prefix cache, and speculative drafts, drafted
+    tokens and accepted drafted tokens."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+
+    def minus(self, other: EngineCounts) -> EngineCounts:
+        return EngineCounts(*(max(0, a - b) for a, b in zip(astuple(self), astuple(other))))
 
 
 @dataclass
@@ -191,6 +209,7 @@ class EngineRunner:
         self._dead = False
         self._drain_file = os.environ.get(DRAIN_FILE_ENV) or None
         self._gauges: tuple[float, float, float] | None = None
+        self._counts = EngineCounts()
         self._live: dict[int, _Live] = {}
         # Stops that named no live request: its request may still be on its way (queued in
         # Triton, or in preprocessing), so it is cancelled on arrival. Bounded in age and count.
@@ -355,6 +374,37 @@ class EngineRunner:
         self.metrics.set_waiting(int(values[1]))
         self.metrics.set_kv_cache_usage(values[2])
 
+    def _update_counters(self) -> None:
+        """Add what the engine's own totals (``engine_counts()``) grew by since last time."""
+        counts_of = getattr(self.adapter, "engine_counts", None)
+        if self.metrics is None or counts_of is None:
+            return
+        now: EngineCounts = counts_of()
+        if now != self._counts:
+            delta, self._counts = now.minus(self._counts), now
+            self.metrics.add_engine_counts(delta)
+
+    def _queue_full(self, live: _Live) -> str | None:
+        """Why ``live`` is refused by ``max_queue_size`` (None: admitted). With the engine's
+        ``max_num_seqs`` known, the engine may hold that many running requests plus
+        ``max_queue_size`` waiting ones; without it, requests that have not started count."""
+        if self.max_queue_size is None:
+            return None
+        others = [lv for lv in self._live.values() if lv is not live]
+        slots = getattr(self.adapter, "max_num_seqs", None)
+        if slots:
+            waiting = len(others) - int(slots)
+            if waiting < self.max_queue_size:
+                return None
+            return (f"the engine's queue is full: {slots} requests running (max_num_seqs "
+                    f"{slots}) and {waiting} waiting (batching.max_queue_size "
+                    f"{self.max_queue_size}); retry later")
+        waiting = sum(1 for lv in others if not lv.started)
+        if waiting < self.max_queue_size:
+            return None
+        return (f"the engine's queue is full ({waiting} requests waiting, "
+                f"batching.max_queue_size {self.max_queue_size}); retry later")
+
     @staticmethod
     def _fail(responder: Responder, kind: ErrorKind, message: str, param: str | None = None, *,
               streamed: bool, key: int, n_in: int) -> None:
@@ -389,6 +439,7 @@ class EngineRunner:
                 for live in list(self._live.values()):
                     self._cancel(live, ErrorKind.NOT_READY, ENGINE_DIED)
             self._update_gauges()
+            self._update_counters()
             for live in list(self._live.values()):
                 if live.cancelled:
                     continue
@@ -420,12 +471,10 @@ class EngineRunner:
             if self._draining or self._dead:
                 self._cancel(live, ErrorKind.NOT_READY, SHUTTING_DOWN if self._draining else ENGINE_DIED)
                 raise asyncio.CancelledError  # answered below; never reaches the engine
-            if self.max_queue_size is not None:
-                queued = sum(1 for lv in self._live.values() if not lv.started and lv is not live)
-                if queued >= self.max_queue_size:
-                    raise ModelError(f"the engine's queue is full ({queued} requests waiting, "
-                                     f"batching.max_queue_size {self.max_queue_size}); retry later",
-                                     kind=ErrorKind.OVERLOADED)
+            if (full := self._queue_full(live)) is not None:
+                if self.metrics is not None:
+                    self.metrics.add_queue_full_rejection()
+                raise ModelError(full, kind=ErrorKind.OVERLOADED)
             if self._stopped_before_arrival(client_id):
                 live.cancelled = True
                 raise asyncio.CancelledError  # answered as cancelled below; never reaches the engine

@@ -14,7 +14,12 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 from tritonforge.triton_models.engine.request import SAMPLING_INPUTS, EngineRequest
-from tritonforge.triton_models.engine.runner import Delta, SchedulerState, TokenizerAdapter
+from tritonforge.triton_models.engine.runner import (
+    Delta,
+    EngineCounts,
+    SchedulerState,
+    TokenizerAdapter,
+)
 from tritonforge.triton_models.errors import RequestError
 
 __all__ = ["VLLM_SAMPLING", "VllmAdapter"]
@@ -44,12 +49,16 @@ if set(VLLM_SAMPLING) != SAMPLING_INPUTS:  # pragma: no cover - fails at import 
 
 class _SchedulerReport:
     """What vLLM's scheduler last reported (its stat loggers get ``SchedulerStats`` after
-    every engine step, in the engine's output handler)."""
+    every engine step, in the engine's output handler): the running/waiting/KV gauges, and
+    running totals of vLLM's own per-step prefix-cache and speculative-decoding counts (the
+    ones vLLM's Prometheus logger adds to ``vllm:prefix_cache_queries``/``_hits`` and
+    ``vllm:spec_decode_num_drafts``/``_num_draft_tokens``/``_num_accepted_tokens``)."""
 
-    __slots__ = ("at", "kv", "running", "waiting")
+    __slots__ = ("at", "kv", "running", "totals", "waiting")
 
     def __init__(self) -> None:
         self.running, self.waiting, self.kv, self.at = 0, 0, 0.0, 0.0
+        self.totals = EngineCounts()
 
     def logger_factory(self) -> Any:
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -68,6 +77,17 @@ class _SchedulerReport:
                 report.waiting = int(scheduler_stats.num_waiting_reqs) + int(
                     getattr(scheduler_stats, "num_skipped_waiting_reqs", 0) or 0)
                 report.kv = float(scheduler_stats.kv_cache_usage)
+                t = report.totals
+                pc = getattr(scheduler_stats, "prefix_cache_stats", None)
+                sd = getattr(scheduler_stats, "spec_decoding_stats", None)
+                if pc is not None or sd is not None:
+                    report.totals = EngineCounts(
+                        t.prefix_cache_queries + int(getattr(pc, "queries", 0) or 0),
+                        t.prefix_cache_hits + int(getattr(pc, "hits", 0) or 0),
+                        t.spec_drafts + int(getattr(sd, "num_drafts", 0) or 0),
+                        t.spec_draft_tokens + int(getattr(sd, "num_draft_tokens", 0) or 0),
+                        t.spec_accepted_tokens + int(getattr(sd, "num_accepted_tokens", 0) or 0),
+                    )
                 report.at = time.monotonic()
 
             def log_engine_initialized(self) -> None:
@@ -119,6 +139,17 @@ class VllmAdapter(TokenizerAdapter):
         if not r.at:
             return None
         return SchedulerState(r.running, r.waiting, r.kv, time.monotonic() - r.at)
+
+    def engine_counts(self) -> EngineCounts:
+        """vLLM's own prefix-cache and speculative-decoding totals since start."""
+        return self._report.totals
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        """Sequences vLLM's scheduler runs at once (its resolved ``max_num_seqs``)."""
+        with contextlib.suppress(Exception):
+            return int(self.engine.vllm_config.scheduler_config.max_num_seqs)
+        return None
 
     @property
     def dead(self) -> bool:
