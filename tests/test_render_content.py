@@ -275,7 +275,7 @@ def test_hostile_free_text_never_changes_structure(backend: str, tmp_path: Path)
             d["tensorrtllm"] = {"engine_dir": "/engines/" + text,
                                 "parameters": {"gpu_weights_percent": text}}
         else:
-            d["vllm"] = {"env": {"MY_VAR": text}, "engine_args": {"served_name": text}}
+            d["vllm"] = {"env": {"MY_VAR": text}, "engine_args": {"served_model_name": text}}
         return d
 
     plain = render(doc("plain", ["stop"]))
@@ -299,7 +299,7 @@ def test_hostile_free_text_never_changes_structure(backend: str, tmp_path: Path)
     else:
         p = params(parse(hostile, C.MODEL_VLLM_ENGINE))
         assert json.loads(p[C.Param.ENGINE_ENV.value])["MY_VAR"] == bad
-        assert json.loads(p[C.Param.ENGINE_ARGS.value])["served_name"] == bad
+        assert json.loads(p[C.Param.ENGINE_ARGS.value])["served_model_name"] == bad
 
 
 # --- build / launch commands ---------------------------------------------------------------

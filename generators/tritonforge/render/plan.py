@@ -156,7 +156,11 @@ def engine_args(spec: Spec, *, include_model: bool = False) -> dict[str, Any]:
         args["max_lora_rank"] = spec.lora.max_rank
     if spec.vllm.seed is not None:
         args["seed"] = spec.vllm.seed
-    args.update(spec.vllm.engine_args)
+    for key, value in spec.vllm.engine_args.items():
+        if key == "speculative_config" and isinstance(value, dict) and isinstance(args.get(key), dict):
+            args[key] = {**args[key], **value}  # options beyond the speculative section's
+        else:
+            args[key] = value
     return args
 
 

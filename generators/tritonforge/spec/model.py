@@ -281,8 +281,12 @@ class VllmSection(_Section):
     seed: int | None = Field(default=None, ge=0)
     """Engine random seed."""
 
-    engine_args: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """Extra ``AsyncEngineArgs`` keyword arguments, for options the spec does not cover."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra ``AsyncEngineArgs`` keyword arguments, for options the spec does not cover.
+    Values may nest (e.g. ``compilation_config: {mode: 0}``); keys are checked against vLLM
+    0.32's fields (and, for config fields, the config class's), unknown ones refused with the
+    closest name. ``speculative_config`` adds options to the ``speculative`` section's (e.g.
+    ``prompt_lookup_max`` for ``ngram``)."""
 
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables set before vLLM is imported."""

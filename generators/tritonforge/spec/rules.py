@@ -22,6 +22,7 @@ from tritonforge.contract import (
     check_request_values,
 )
 from tritonforge.render.trtllm_params import TRTLLM_PARAMETERS, TRTLLM_PLACEHOLDERS
+from tritonforge.render.vllm_args import check_engine_args
 from tritonforge.spec.model import PACKAGED_MODEL, Spec
 from tritonforge.spec.names import name_problem
 
@@ -103,6 +104,12 @@ VLLM_DERIVED_ENGINE_ARGS: Final[dict[str, str]] = {
     "max_lora_rank": "lora.max_rank",
     "enforce_eager": "vllm.enforce_eager",
     "seed": "vllm.seed",
+}
+# speculative_config keys the speculative section sets (vllm.engine_args may add the others).
+_SPECULATIVE_DERIVED: Final[dict[str, str]] = {
+    "method": "speculative.method",
+    "model": "speculative.draft_model",
+    "num_speculative_tokens": "speculative.num_speculative_tokens",
 }
 RESERVED_MODEL_NAMES: Final = (
     MODEL_PREPROCESSING, MODEL_POSTPROCESSING, MODEL_TENSORRT_LLM, MODEL_VLLM_ENGINE, MODEL_BLS,
@@ -364,13 +371,29 @@ def check_spec(spec: Spec) -> list[str]:
                  f"({spec.model.max_model_len}) unless batching.chunked_prefill is true; got "
                  f"{bt.max_num_batched_tokens}. Fix: raise it or enable chunked_prefill")
 
+    checked: dict[str, Any] = {}
     for key, arg in sorted(spec.vllm.engine_args.items()):
         if not _ARG_RE.fullmatch(key):
             p.append(f"vllm.engine_args: keys are AsyncEngineArgs names (lower_snake_case); "
                      f"got {key!r}. Fix: check the spelling")
+        elif key == "speculative_config" and isinstance(arg, dict):
+            # Extra SpeculativeConfig options on top of what the speculative section sets.
+            checked[key] = arg
+            if sp.method == "none":
+                p.append("vllm.engine_args.speculative_config: adds options to speculative "
+                         "decoding, which is off (speculative.method: none). Fix: set "
+                         "speculative.method")
+            for sub, field in _SPECULATIVE_DERIVED.items():
+                if sub in arg:
+                    p.append(f"vllm.engine_args.speculative_config.{sub}: set by the spec field "
+                             f"{field}; got {arg[sub]!r}. Fix: use that field")
         elif key in VLLM_DERIVED_ENGINE_ARGS:
             p.append(f"vllm.engine_args.{key}: set by the spec field "
                      f"{VLLM_DERIVED_ENGINE_ARGS[key]}; got {arg!r}. Fix: use that field")
+        else:
+            checked[key] = arg
+    if b == "vllm":
+        p += check_engine_args(checked, derived=VLLM_DERIVED_ENGINE_ARGS)
     for key in sorted(spec.vllm.env):
         if not _ENV_RE.fullmatch(key):
             p.append(f"vllm.env: keys are environment variable names (UPPER_SNAKE_CASE); got "
