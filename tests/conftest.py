@@ -112,6 +112,46 @@ def triton_server() -> Iterator[ServerHandle]:
         server.stop()  # type: ignore[attr-defined]
 
 
+def _shared_server_death(handle: ServerHandle) -> str | None:
+    """Why the shared server is gone (its exit status and the log's tail), or None."""
+    proc = getattr(handle.server, "process", None)
+    if proc is None or proc.poll() is None:
+        return None
+    code = proc.returncode
+    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    tail = ""
+    if handle.log_file is not None:
+        with contextlib.suppress(OSError):
+            tail = "\n".join(handle.log_file.read_text(errors="replace").splitlines()[-60:])
+    return f"the shared tritonserver died ({how}); its log ({handle.log_file}) ends:\n{tail}"
+
+
+def _restart_shared_server(handle: ServerHandle) -> None:
+    """Start the dead shared server again on its ports, so that one crash fails one test,
+    not every later one."""
+    server = handle.server
+    server.stop()  # type: ignore[attr-defined]  # clears what is left of its process group
+    server.start_ready(timeout=600)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def _shared_server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that uses the shared server fails, with the server's own account (exit status,
+    log tail), when the server is gone; the server is then started again for the tests after
+    it (instead of dozens of bare 'connection refused')."""
+    if "triton_server" not in request.fixturenames:
+        yield
+        return
+    handle = request.getfixturevalue("triton_server")
+    if (why := _shared_server_death(handle)) is not None:
+        _restart_shared_server(handle)
+        pytest.fail(f"before {request.node.nodeid}: {why}", pytrace=False)
+    yield
+    if (why := _shared_server_death(handle)) is not None:
+        _restart_shared_server(handle)
+        pytest.fail(f"during {request.node.nodeid}: {why}", pytrace=False)
+
+
 def engine_gauge(metrics_url: str, name: str = "tritonforge_engine_requests_running") -> float:
     """A tritonforge engine gauge on the server's metrics endpoint, summed over label sets."""
     with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=5) as reply:

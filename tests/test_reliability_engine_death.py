@@ -15,6 +15,7 @@ process tree in /proc, while requests are running. Then:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -112,3 +113,37 @@ def test_engine_death_fails_requests_turns_not_ready_and_recovers(served: ServeP
           f"({error.get('code')}); not ready after {not_ready_after:.1f} s; a new request "
           f"failed with {type(refused.value).__name__} in {refused_in:.2f} s; serving again "
           f"after {back_after:.0f} s; load average {os.getloadavg()[0]:.2f}")
+
+
+def _tritonservers(serve_pid: int) -> list[int]:
+    return [pid for pid in descendants(serve_pid)
+            if Path(f"/proc/{pid}/comm").exists() and Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver"]
+
+
+def test_a_crashed_tritonserver_is_started_again_by_serve(served: ServeProcess) -> None:
+    """tritonserver itself dies (SIGSEGV, as an upstream crash would): ``serve`` does not
+    give up; it clears the dead server's process group and starts a new tritonserver, which
+    serves. The oracle is the operating system: a different tritonserver process under
+    ``serve``, and no process of the old one's group left."""
+    s = served
+    s.wait_ready(600)
+    before = _tritonservers(s.proc.pid)
+    assert len(before) == 1, before
+    old_group = os.getpgid(before[0])
+    os.kill(before[0], signal.SIGSEGV)
+    t0 = time.monotonic()
+    while s.ready():
+        assert time.monotonic() - t0 < 10, "still ready 10 s after tritonserver was killed"
+        time.sleep(0.1)
+    s.wait_ready(600)
+    back_after = time.monotonic() - t0
+    assert s.proc.poll() is None, "serve exited instead of starting tritonserver again"
+    after = _tritonservers(s.proc.pid)
+    assert len(after) == 1 and after != before, (before, after)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(old_group, 0)
+        raise AssertionError(f"processes of the crashed server's group {old_group} survived")
+    with Client(s.grpc_url, model=s.model, timeout=120) as client:
+        assert client.complete(PROMPT, max_tokens=8, min_tokens=8).text
+    print(f"\ntritonserver SIGSEGV: serving again after {back_after:.0f} s "
+          f"(pid {before[0]} -> {after[0]}); load average {os.getloadavg()[0]:.2f}")

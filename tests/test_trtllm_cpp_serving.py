@@ -10,8 +10,10 @@ left out, no finish reason reaching postprocessing -- the ensemble of the C++ pa
   a stop word (which is not returned), ``stop`` at end of sequence -- with vLLM's own text;
 - a cancelled stream is answered ``cancelled`` (postprocessing's own count on /metrics) and
   stops the engine;
-- after 1,000 finished requests postprocessing holds no state: its gauges of open requests
-  and request facts read 0 on Triton's /metrics, and the facts folder is empty.
+- after 1,000 finished requests postprocessing holds no state: 16 request ids each reused
+  for one request after another, every request gives vLLM's offline text and its own finish
+  reason (a state left by the previous request of its id would hand it that request's stop
+  words, budget and tokens), the facts folder on disk is empty, and its gauges read 0.
 """
 
 from __future__ import annotations
@@ -170,27 +172,48 @@ def test_a_cancelled_stream_is_answered_cancelled_and_stops_the_engine(cpp: Any)
     _no_state(cpp)
 
 
-def test_no_postprocessing_state_after_a_thousand_requests(cpp: Any) -> None:
+def test_no_postprocessing_state_after_a_thousand_requests(cpp: Any, vllm_oracle: Any) -> None:
+    """1,000 requests on 16 request ids, each id reused one request after another with the
+    other kind of request (stop word / max_tokens reached, other prompt, other max_tokens).
+    A state or facts entry left behind by a finished request would be picked up by the next
+    request of its id (postprocessing keys both by it) and give that request the previous
+    one's stop words, token budget and tokens: a wrong text or finish reason. The oracles are
+    vLLM's offline greedy text for every (prompt, max_tokens), and the facts folder on disk."""
     finished = {r: metric(cpp.metrics_url, POST_FINISHED, finish_reason=r) for r in ("stop", "length")}
+    ids = 16
+    prompts = {(f"{STORY} {k}", n): vllm_oracle.generate(f"{STORY} {k}", temperature=0, max_tokens=n)["text"]
+               for k in range(7) for n in (1, 2, 3)}
 
-    async def main() -> list[str]:
-        sem = asyncio.Semaphore(16)
+    def kind(i: int) -> tuple[str, list[str], int]:
+        # odd: the greedy text's first token is " girl", a stop word -> "stop", no text;
+        # even: another prompt, max_tokens reached -> "length"
+        return (STORY, [" girl"], 1 + i % 3) if i % 2 else (f"{STORY} {i % 7}", [], 1 + i % 3)
+
+    async def main() -> list[tuple[int, str, str]]:
         async with AsyncClient(cpp.grpc_url, model=cpp.model, timeout=300) as client:
-            async def one(i: int) -> str:
-                # odd: the greedy text's first token is " girl", a stop word -> "stop";
-                # even: another prompt, max_tokens reached -> "length"
-                prompt, stop = (STORY, [" girl"]) if i % 2 else (f"{STORY} {i % 7}", [])
-                async with sem, client.stream(prompt, max_tokens=1 + i % 3, stop=stop) as s:
-                    async for _ in s:
-                        pass
-                return s.completion.finish_reason.value
-            return await asyncio.gather(*(one(i) for i in range(REQUESTS)))
+            async def worker(w: int) -> list[tuple[int, str, str]]:
+                out = []
+                for i in range(w, REQUESTS, ids):  # ids is even: i alternates odd/even per id
+                    prompt, stop, n = kind(i + (i // ids) % 2)
+                    async with client.stream(prompt, max_tokens=n, stop=stop, request_id=f"reused-{w}") as s:
+                        text = "".join([c.text async for c in s])
+                    out.append((i + (i // ids) % 2, text, s.completion.finish_reason.value))
+                return out
+            return [r for rs in await asyncio.gather(*(worker(w) for w in range(ids))) for r in rs]
 
     started = time.monotonic()
-    reasons = asyncio.run(main())
+    results = asyncio.run(main())
     took = time.monotonic() - started
-    print(f"{REQUESTS} requests in {took:.1f} s: " + ", ".join(f"{r} {reasons.count(r)}" for r in set(reasons)))
-    assert len(reasons) == REQUESTS and set(reasons) == {"stop", "length"}
+    reasons = [r for _, _, r in results]
+    print(f"{REQUESTS} requests on {ids} reused ids in {took:.1f} s: "
+          + ", ".join(f"{r} {reasons.count(r)}" for r in sorted(set(reasons))))
+    assert len(results) == REQUESTS
+    for i, text, reason in results:
+        prompt, stop, n = kind(i)
+        if stop:
+            assert (text, reason) == ("", "stop"), (i, text, reason)
+        else:
+            assert (text, reason) == (prompts[(prompt, n)], "length"), (i, text, reason)
     assert reasons.count("stop") == REQUESTS // 2
     after = {r: metric(cpp.metrics_url, POST_FINISHED, finish_reason=r) for r in ("stop", "length")}
     assert sum(after.values()) - sum(finished.values()) == REQUESTS

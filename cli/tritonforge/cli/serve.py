@@ -190,7 +190,7 @@ def serve(
     for ref in model_references(repository):
         with con.status(f"preparing model {escape(ref)} (once; cached afterwards)") as status:
             try:
-                path = resolve_model(ref, progress=lambda msg: status.update(f"{escape(ref)}: {escape(msg)}"))
+                path = resolve_model(ref, progress=lambda msg, ref=ref: status.update(f"{escape(ref)}: {escape(msg)}"))
             except ModelError as exc:
                 raise _fail(str(exc), 2) from None
         con.print(f"model {escape(ref)} -> {escape(str(path))}")
@@ -254,13 +254,19 @@ def serve(
                 stop.set()
         if not stop.is_set():
             con.print("serving; Ctrl-C to stop")
+        restarts: list[float] = []  # when serve restarted a failed server (bounded below)
         while not stop.is_set():
-            if server.process is None or server.process.poll() is not None:
-                raise _fail(f"tritonserver exited unexpectedly.\n{server.log_tail()}")
-            if server.engines_up() is False:
-                # Triton 2.51 cannot mark a Python model not ready: restart the server. Its
-                # health endpoint fails from the stop on, and clients see ServerUnavailable.
-                con.print("[bold red]the inference engine died[/]: restarting tritonserver")
+            why, tail = _failure(server)
+            if why is not None:
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS]
+                if len(restarts) >= MAX_RESTARTS:
+                    raise _fail(f"{why}, {len(restarts) + 1} times within {RESTART_WINDOW_SECONDS:.0f} s: "
+                                f"not restarting again.\n{tail}")
+                restarts.append(now)
+                con.print(f"[bold red]{escape(why)}[/]: restarting tritonserver")
+                if tail:
+                    con.print(escape(tail), style="dim", highlight=False)
                 server.stop()
                 try:
                     waited = server.start_ready(ready_timeout, on_tick=lambda s: _tick(None, s, stop))
@@ -279,6 +285,33 @@ def serve(
             signal.signal(s, handler)
         if was_running:
             con.print(f"stopped (tritonserver exit code {code})")
+
+
+# serve restarts a server that failed while serving (tritonserver exited, or an engine
+# died) at most this many times within this window, then gives up with the server's log.
+MAX_RESTARTS = 3
+RESTART_WINDOW_SECONDS = 600.0
+
+
+def _failure(server: Any) -> tuple[str | None, str]:
+    """Why the running server needs a restart (None: it does not), and its log's tail when
+    tritonserver itself is gone."""
+    proc = server.process
+    if proc is None or proc.poll() is not None:
+        code = None if proc is None else proc.returncode
+        if code is not None and code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exit code {code}"
+        return f"tritonserver exited unexpectedly ({how})", server.log_tail(15)
+    if server.engines_up() is False:
+        # Triton 2.51 cannot mark a Python model not ready: restart the server. Its health
+        # endpoint fails from the stop on, and clients see ServerUnavailable.
+        return "the inference engine died", ""
+    return None, ""
 
 
 def _self_command() -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -77,6 +78,42 @@ KNOWN_START_CRASHES = ("boost::interprocess::lock_exception",)
 # stall. Loading prints steadily (vLLM's engine start, each model's load lines); the
 # longest silence seen in a healthy start here was ~100 s, at a load average of 18.
 STALL_SECONDS = 300.0
+
+
+# The commonest stall, seen with gdb: the backend gives a starting stub 1 s to show it is
+# alive (StubLauncher::ReceiveMessageFromStub); a stub starved of CPU for that second is
+# declared unhealthy, and the backend then waits in wait4() for a stub that was never told
+# to exit -- for ever, and before it logs why. start_ready() restarts once a tritonserver
+# thread has waited this long in wait4() on one of its own stubs, instead of waiting for
+# STALL_SECONDS of silence.
+STUB_WAIT_SECONDS = 10.0
+_WAIT4 = {"x86_64": 61, "aarch64": 260}.get(platform.machine())  # Linux syscall numbers
+_STUB_BINARY = b"triton_python_backend_stub"
+_STUB_NAME_ARG = 8  # argv: stub, model.py, shm region, sizes x2, parent pid, lib dir, ipc handle, NAME
+
+
+def stubs_waited_on(server_pid: int) -> dict[int, str]:
+    """Python-backend stubs (pid -> instance name) that a thread of ``server_pid`` is
+    blocked in wait4() on, read from /proc (empty where /proc does not say)."""
+    found: dict[int, str] = {}
+    if _WAIT4 is None:
+        return found
+    try:
+        tasks = list(Path(f"/proc/{server_pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            fields = (task / "syscall").read_text().split()
+            if len(fields) < 2 or fields[0] != str(_WAIT4):
+                continue
+            child = int(fields[1], 16)
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0") if child > 0 else []
+        except (OSError, ValueError):
+            continue
+        if len(argv) > _STUB_NAME_ARG and argv[0].endswith(_STUB_BINARY):
+            found[child] = argv[_STUB_NAME_ARG].decode("utf-8", "replace")
+    return found
 
 
 class StartStalled(Exception):
@@ -321,6 +358,8 @@ class TritonServer:
         (``StartStalled`` first when ``stall_seconds`` pass without the log growing)."""
         start = time.monotonic()
         size, grew = -1, start
+        waited_on: dict[int, float] = {}  # stub pid -> first seen waited on (see STUB_WAIT_SECONDS)
+        checked = 0.0
         while True:
             now = time.monotonic()
             elapsed = now - start
@@ -332,6 +371,16 @@ class TritonServer:
                 if now - grew > stall_seconds and not self.is_ready():
                     raise StartStalled(f"tritonserver made no progress for {stall_seconds:.0f} s "
                                        f"while loading.\n{self.log_tail()}")
+                if self.process is not None and now - checked >= 1.0:
+                    checked = now
+                    stubs = stubs_waited_on(self.process.pid)
+                    waited_on = {pid: waited_on.get(pid, now) for pid in stubs}
+                    stuck = [pid for pid, since in waited_on.items() if now - since >= STUB_WAIT_SECONDS]
+                    if stuck and not self.is_ready():
+                        raise StartStalled(
+                            f"the Python backend declared stub {stubs[stuck[0]]!r} unhealthy while it "
+                            f"started and has waited {STUB_WAIT_SECONDS:.0f} s for it to exit (it never "
+                            f"will: Triton 2.51 does not tell it to).\n{self.log_tail()}")
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
                 raise ServerError(f"tritonserver exited (code {code}) before it was ready.\n{self.log_tail()}")
@@ -354,7 +403,7 @@ class TritonServer:
             try:
                 return self.wait_ready(timeout, on_tick, stall_seconds=stall_seconds)
             except StartStalled as exc:
-                self.stop()
+                self.stop(timeout=5)  # nothing to drain: it never served
                 if attempt == retries:
                     raise ServerError(str(exc)) from None
                 self.restarts_after_crash += 1
