@@ -103,3 +103,19 @@ def test_nested_engine_args_reach_vllms_engine_config(tmp_path: Path) -> None:
     assert line, out.stdout[-2000:] + out.stderr[-3000:]
     got = json.loads(line[0][len("CONFIG "):])
     assert got == {"spec": ["ngram", 3, 4, 2], "mode": 0, "rope_theta": 12345.0}, got
+
+
+def test_gguf_renders_no_quantization_and_stock_refuses_it(tmp_path: Path) -> None:
+    from tritonforge.runtime.models import _packaged_file
+
+    gguf = str(_packaged_file("package:smollm2-135m-instruct"))
+    r = _generate(tmp_path, {"name": "m", "model": {"path": gguf}, "quantization": "gguf"})
+    assert r.returncode == 0, r.stderr
+    config = text_format.Parse((tmp_path / "out" / "vllm_engine" / "config.pbtxt").read_text(),
+                               mc.ModelConfig())
+    assert "quantization" not in json.loads(config.parameters["tritonforge_engine_args"].string_value)
+    (tmp_path / "stock").mkdir()
+    r = _generate(tmp_path / "stock", {"name": "m", "model": {"path": gguf}, "quantization": "gguf",
+                                       "vllm": {"engine_model": "stock"}})
+    assert r.returncode == 2
+    assert "quantization: vLLM 0.32 has no GGUF loader or quantization method" in r.stderr, r.stderr

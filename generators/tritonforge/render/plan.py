@@ -146,7 +146,9 @@ def engine_args(spec: Spec, *, include_model: bool = False) -> dict[str, Any]:
         args["tokenizer"] = spec.model.tokenizer
     if bt.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = bt.max_num_batched_tokens
-    if spec.quantization != "none":
+    # vLLM 0.32 has no GGUF method or loader: tritonforge's engine model serves the GGUF
+    # dequantized (runtime.models converts it once), so nothing is passed for it.
+    if spec.quantization not in ("none", "gguf"):
         args["quantization"] = spec.quantization
     if (sc := _speculative_config(spec)) is not None:
         args["speculative_config"] = sc

@@ -351,7 +351,8 @@ class Spec(_Section):
 
     quantization: Quantization = "none"
     """Quantization: ``none``; TensorRT-LLM: ``fp8``, ``int8`` (weight-only), ``int4_awq``;
-    vLLM: ``fp8``, ``awq``, ``gptq``, ``gguf``."""
+    vLLM: ``fp8``, ``awq``, ``gptq``, ``gguf`` (vLLM 0.32 has no GGUF support: tritonforge's
+    engine model serves the file dequantized to the checkpoint's dtype)."""
 
     parallelism: Parallelism = Field(default_factory=Parallelism)
     """Tensor / pipeline parallelism."""

@@ -338,6 +338,11 @@ def check_spec(spec: Spec) -> list[str]:
         if inst.bls:
             p.append(f"instances.bls: the stock vLLM layout has no BLS model; got {inst.bls}. "
                      "Fix: set 0 or vllm.engine_model: tritonforge")
+        if spec.quantization == "gguf":
+            p.append("quantization: vLLM 0.32 has no GGUF loader or quantization method, and "
+                     "Triton's vLLM backend hands model.path to it as it is; got 'gguf'. Fix: "
+                     "use vllm.engine_model: tritonforge (it serves the GGUF dequantized), or "
+                     "point model.path at a Hugging Face folder")
         if spec.response_cache:
             p.append("response_cache: the stock vLLM model is decoupled and cannot be cached; "
                      "got true. Fix: set false or use vllm.engine_model: tritonforge")

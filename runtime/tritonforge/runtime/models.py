@@ -110,6 +110,13 @@ def resolve_model(ref: str, *, prepare: bool = True, progress: Progress | None =
             return path.resolve()
         if path.is_file() and path.suffix == ".gguf":
             gguf = path
+            for name in PACKAGED_MODELS:  # a packaged model's own file: its prepared folder
+                try:
+                    own = _packaged_file(PACKAGE_PREFIX + name)
+                except ModelError:
+                    continue
+                if own.resolve() == gguf.resolve():
+                    return resolve_model(PACKAGE_PREFIX + name, prepare=prepare, progress=progress)
         else:
             raise ModelError(
                 f"model {ref!r} is neither a Hugging Face folder, a .gguf file nor "
