@@ -1,9 +1,9 @@
 """vLLM engine knobs proven on the real CPU server, one server for every compatible knob.
 
 The spec is ``deployments/default.yaml`` plus prefix caching, chunked prefill with a
-128-token step budget, ``max_num_seqs: 4`` with ``max_queue_size: 2``, and n-gram
-speculative decoding; ``tritonforge serve SPEC`` renders and serves it on free ports. Each
-test asserts the knob's effect by an oracle the code under test does not compute:
+128-token step budget, ``max_num_seqs: 4`` with ``max_queue_size: 2``, n-gram
+speculative decoding and a LoRA adapter; ``tritonforge serve SPEC`` renders and serves it
+on free ports. Each test asserts the knob's effect by an oracle the code under test does not compute:
 
 * prefix caching: vLLM's own prefix-cache hit count (its scheduler stats, exported as
   ``tritonforge_engine_prefix_cache_*``) rises, and the client's TTFT of prompts sharing a
@@ -15,13 +15,18 @@ test asserts the knob's effect by an oracle the code under test does not compute
   request is refused at once (typed ``Overloaded`` on a stream, gRPC UNAVAILABLE from ``_sync``); the refusal counter
   counts them;
 * n-gram speculation: greedy text equals vLLM's offline output without speculation
-  (``tests/vllm_oracle.py``), and vLLM's own drafted/accepted counts rise.
+  (``tests/vllm_oracle.py``), and vLLM's own drafted/accepted counts rise;
+* LoRA: an adapter made here (PEFT layout, seeded random weights) is served by name; its
+  greedy text differs from the base model's and equals offline vLLM's with the same
+  ``LoRARequest``; an unknown adapter name is refused (INVALID_ARG). The engine loads the
+  spec's adapters at start (``add_lora``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import random
 import re
@@ -31,6 +36,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRITONFORGE = str(Path(sys.executable).parent / "tritonforge")
 MODEL = "knobs"
 MAX_NUM_SEQS, MAX_QUEUE, STEP_TOKENS = 4, 2, 128
+LORA_NAME, LORA_RANK = "story", 8
 
 pytestmark = pytest.mark.server
 
@@ -82,6 +89,41 @@ def _wait_metric(metrics_url: str, name: str, want: float | None = None, *, old:
         time.sleep(0.1)
 
 
+def lora_adapter() -> Path:
+    """A LoRA adapter for SmolLM2 in the PEFT layout: seeded random rank-8 weights on q_proj
+    and v_proj of every layer, made here once (kept in the project cache)."""
+    import torch
+    from safetensors.torch import save_file
+    from tritonforge.runtime.models import resolve_model
+    from tritonforge.runtime.paths import cache_dir
+
+    folder = cache_dir() / "test-lora" / f"smollm2-qv-r{LORA_RANK}-seed1"
+    if (folder / "adapter_config.json").is_file():
+        return folder
+    base = resolve_model("package:smollm2-135m-instruct")
+    cfg = json.loads((base / "config.json").read_text())
+    hidden = cfg["hidden_size"]
+    kv = cfg["num_key_value_heads"] * (hidden // cfg["num_attention_heads"])
+    gen = torch.Generator().manual_seed(1)
+    tensors = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for module, out in (("q_proj", hidden), ("v_proj", kv)):
+            key = f"base_model.model.model.layers.{i}.self_attn.{module}"
+            tensors[f"{key}.lora_A.weight"] = (torch.randn(LORA_RANK, hidden, generator=gen) * 0.05
+                                               ).to(torch.bfloat16)
+            tensors[f"{key}.lora_B.weight"] = (torch.randn(out, LORA_RANK, generator=gen) * 0.05
+                                               ).to(torch.bfloat16)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(tmp / "adapter_model.safetensors"))
+    (tmp / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": LORA_RANK, "lora_alpha": 16,
+        "lora_dropout": 0.0, "bias": "none", "target_modules": ["q_proj", "v_proj"],
+        "base_model_name_or_path": str(base)}))
+    tmp.rename(folder)
+    return folder
+
+
 def knob_spec() -> dict[str, Any]:
     """The default spec with every knob these tests prove turned on."""
     spec = yaml.safe_load((ROOT / "deployments" / "default.yaml").read_text())
@@ -90,7 +132,21 @@ def knob_spec() -> dict[str, Any]:
                         "chunked_prefill": True, "max_num_batched_tokens": STEP_TOKENS}
     spec["kv_cache"] = {**spec["kv_cache"], "prefix_caching": True}
     spec["speculative"] = {"method": "ngram", "num_speculative_tokens": 4}
+    spec["lora"] = {"enabled": True, "max_rank": LORA_RANK, "max_adapters": 2,
+                    "adapters": {LORA_NAME: str(lora_adapter())}}
     return dict(spec)
+
+
+@pytest.fixture(scope="module")
+def lora_oracle() -> Iterator[Any]:
+    """Offline vLLM with LoRA enabled (the reference for base and adapter output)."""
+    from conftest import start_oracle
+
+    oracle = start_oracle({"enable_lora": True, "max_lora_rank": LORA_RANK})
+    try:
+        yield oracle
+    finally:
+        oracle.close()
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +370,7 @@ SPEC_PROMPTS = (
 
 
 def test_ngram_speculation_keeps_greedy_output_and_accepts_drafts(
-    knob_server: dict[str, Any], vllm_oracle: Any,
+    knob_server: dict[str, Any], lora_oracle: Any,
 ) -> None:
     m = knob_server["metrics"]
     names = ("drafts", "draft_tokens", "accepted_tokens")
@@ -322,7 +378,7 @@ def test_ngram_speculation_keeps_greedy_output_and_accepts_drafts(
     with Client(knob_server["grpc"], model=MODEL) as client:
         for prompt in SPEC_PROMPTS:
             served = client.complete(prompt, max_tokens=48, temperature=0.0)
-            offline = vllm_oracle.generate(prompt, max_tokens=48, temperature=0.0)
+            offline = lora_oracle.generate(prompt, max_tokens=48, temperature=0.0)
             assert served.text == offline["text"], (prompt, served.text, offline["text"])
     time.sleep(0.5)
     got = {n: metric(m, f"tritonforge_engine_spec_decode_{n}_total") - before[n] for n in names}
@@ -332,3 +388,34 @@ def test_ngram_speculation_keeps_greedy_output_and_accepts_drafts(
           f"({got['accepted_tokens'] / max(1.0, got['draft_tokens']):.0%})")
     assert got["drafts"] > 0 and got["draft_tokens"] >= got["drafts"]
     assert 0 < got["accepted_tokens"] <= got["draft_tokens"]
+
+
+# -- LoRA -------------------------------------------------------------------------------------
+def _sync_generate(http: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"http://{http}/v2/models/{MODEL}_sync/generate", method="POST",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_lora_adapter_is_served_by_name(knob_server: dict[str, Any], lora_oracle: Any) -> None:
+    prompt = "Once upon a time, there was a little"
+    body = {"text_input": prompt, "max_tokens": 32, "temperature": 0.0}
+    status, base = _sync_generate(knob_server["http"], body)
+    assert status == 200, base
+    status, adapted = _sync_generate(knob_server["http"], {**body, "lora_name": LORA_NAME})
+    assert status == 200, adapted
+    offline = lora_oracle.generate(prompt, lora=(LORA_NAME, 1, str(lora_adapter())),
+                                   max_tokens=32, temperature=0.0)
+    offline_base = lora_oracle.generate(prompt, max_tokens=32, temperature=0.0)
+    status, unknown = _sync_generate(knob_server["http"], {**body, "lora_name": "nope"})
+    print(f"\nLoRA {LORA_NAME!r} (rank {LORA_RANK}, seeded random): {adapted['text_output']!r} "
+          f"(base: {base['text_output']!r}); unknown adapter: HTTP {status} {unknown.get('error')!r}")
+    assert adapted["text_output"] == offline["text"]
+    assert base["text_output"] == offline_base["text"]
+    assert adapted["text_output"] != base["text_output"]
+    assert status == 400 and "lora_name 'nope'" in unknown.get("error", ""), unknown

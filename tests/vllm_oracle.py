@@ -58,6 +58,8 @@ class VllmOracle:
             self._proc.stdin.write(json.dumps(request) + "\n")
             self._proc.stdin.flush()
             line = self._proc.stdout.readline()
+            while line and not line.startswith("{"):  # vLLM logs some warnings to stdout
+                line = self._proc.stdout.readline()
         if not line:
             raise RuntimeError("the vLLM oracle died:\n" + "".join(self._stderr[-60:]))
         reply = json.loads(line)

@@ -125,6 +125,17 @@ class VllmAdapter(TokenizerAdapter):
         args = AsyncEngineArgs(model=self.model_path, **self.engine_args)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._report.logger_factory()])
         self.tokenizer = self.engine.get_tokenizer()
+        if self.lora:
+            from vllm.lora.request import LoRARequest
+
+            # Load every adapter of the spec now: a broken one fails the model's load, not a
+            # request later.
+            for lora_id, (name, path) in sorted(self.lora.items()):
+                try:
+                    await self.engine.add_lora(LoRARequest(name, lora_id, path))
+                except Exception as exc:
+                    raise ValueError(f"LoRA adapter {name!r} ({path}): vLLM could not load it: "
+                                     f"{exc}") from exc
         with contextlib.suppress(Exception):
             cc = self.engine.vllm_config.cache_config
             self._kv_capacity = int(cc.num_gpu_blocks or 0) * int(cc.block_size or 0)
