@@ -61,8 +61,9 @@ STUB_TIMEOUT_SECONDS = 600
 # After the drain file is written: how long the engine models get to end their requests.
 DRAIN_SECONDS = 0.5
 # How long Triton waits at SIGTERM for in-flight requests (after the drain none are left) and
-# for its models to unload. Measured on 2.51: after gRPC streams, the ensemble sometimes never
-# unloads (a reference Triton's gRPC frontend keeps); the server then exits 1 at this limit.
+# for its models to unload (vLLM's engine gets 2 s of it, see the engine adapter). Measured on
+# 2.51: after bare gRPC streams were dropped, a stop with live streams can leave the ensemble
+# loaded (a reference Triton keeps); the server then exits 1 at this limit.
 EXIT_TIMEOUT_SECONDS = 5
 
 

@@ -47,6 +47,10 @@ if set(VLLM_SAMPLING) != SAMPLING_INPUTS:  # pragma: no cover - fails at import 
     )
 
 
+# How long EngineCore gets to exit on its own at shutdown before vLLM kills it.
+ENGINE_SHUTDOWN_SECONDS = 2.0
+
+
 class _SchedulerReport:
     """What vLLM's scheduler last reported (its stat loggers get ``SchedulerStats`` after
     every engine step, in the engine's output handler): the running/waiting/KV gauges, and
@@ -222,5 +226,8 @@ class VllmAdapter(TokenizerAdapter):
 
     def shutdown(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown()
+            # vLLM's default waits 5 s for EngineCore to exit on SIGTERM; measured under load
+            # it used all 5 (then force-killed it) -- Triton's whole exit timeout, so the server
+            # exited 1. Requests are already ended here (drain); give it ENGINE_SHUTDOWN_SECONDS.
+            self.engine.shutdown(timeout=ENGINE_SHUTDOWN_SECONDS)
             self.engine = None
