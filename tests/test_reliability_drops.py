@@ -105,7 +105,9 @@ def _wait_idle(s: Served, seconds: float) -> None:
 
 
 def _ttft(s: Served) -> float:
-    """Median time to first token of 5 short requests, measured here (wall clock)."""
+    """Shortest time to first token of 5 short requests, measured here (wall clock). The
+    shortest, not the median: a request the engine still generates for nobody slows every
+    one of the 5, while other work on this 2-core machine (another test's server) slows some."""
     values = []
     with Client(s.grpc_url, model=s.model, timeout=60) as client:
         for _ in range(5):
@@ -117,7 +119,7 @@ def _ttft(s: Served) -> float:
                         first = time.perf_counter() - t0
             assert first is not None
             values.append(first)
-    return statistics.median(values)
+    return min(values)
 
 
 # -- one drop per client kind: each returns once the stream is under way -------------------
