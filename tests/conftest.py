@@ -249,6 +249,47 @@ def serve_process(log: Path) -> Iterator[ServeProcess]:
         s.stop()
 
 
+@contextlib.contextmanager
+def serve_spec(spec: dict[str, object], tmp: Path, what: str) -> Iterator[dict[str, object]]:
+    """``tritonforge serve SPEC`` (``spec`` written to ``tmp``) on free loopback ports, as a
+    user runs it (its own session, ``--open-admin``); yields its addresses, ``serve``'s output
+    file and the tritonserver log it names; Ctrl-C (SIGINT) afterwards."""
+    import re
+    import sys
+
+    import yaml
+    from tritonforge.runtime.server import free_port
+
+    path = tmp / f"{what}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    ports = [free_port() for _ in range(3)]
+    log = tmp / "serve.log"
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "tritonforge"), "serve", str(path), "--http-port", str(ports[0]),
+         "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--open-admin"],
+        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 900
+        while "serving; Ctrl-C to stop" not in log.read_text(errors="replace"):
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "serve not ready in 900 s"
+            time.sleep(0.5)
+        print(f"\n{what} server ready in {time.monotonic() - started:.0f} s")
+        server_log = re.search(r"^\s*log (\S+)$", log.read_text(), re.MULTILINE)
+        assert server_log, log.read_text()
+        yield {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}",
+               "metrics": f"127.0.0.1:{ports[2]}", "log": log, "spec": path,
+               "server_log": Path(server_log.group(1))}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (from /proc's parent links)."""
     children: dict[int, list[int]] = {}

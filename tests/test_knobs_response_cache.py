@@ -11,12 +11,7 @@ decoupled ensemble never touch the cache (Triton refuses caching decoupled model
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,10 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tritonforge.runtime.server import free_port
+from conftest import serve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-TRITONFORGE = str(Path(sys.executable).parent / "tritonforge")
 
 pytestmark = pytest.mark.server
 
@@ -48,29 +42,8 @@ def cached_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     spec = yaml.safe_load((ROOT / "deployments" / "default.yaml").read_text())
     spec["name"] = "cached"
     spec["response_cache"] = True
-    path = tmp / "cached.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    ports = [free_port() for _ in range(3)]
-    log = tmp / "serve.log"
-    proc = subprocess.Popen(
-        [TRITONFORGE, "serve", str(path), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-         "--metrics-port", str(ports[2]), "--open-admin"],
-        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 900
-        while "serving; Ctrl-C to stop" not in log.read_text(errors="replace"):
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "serve not ready in 900 s"
-            time.sleep(0.5)
-        yield {"http": f"127.0.0.1:{ports[0]}", "metrics": f"127.0.0.1:{ports[2]}", "model": "cached",
-               "log": log}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    with serve_spec(spec, tmp, "cached") as addresses:
+        yield {**addresses, "model": "cached"}
 
 
 def _post(url: str, body: dict[str, Any]) -> bytes:

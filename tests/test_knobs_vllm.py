@@ -30,11 +30,8 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import struct
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -45,11 +42,10 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from conftest import serve_spec
 from tritonforge.clients import AsyncClient, Client, Overloaded
-from tritonforge.runtime.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-TRITONFORGE = str(Path(sys.executable).parent / "tritonforge")
 MODEL = "knobs"
 MAX_NUM_SEQS, MAX_QUEUE, STEP_TOKENS = 4, 2, 128
 LORA_NAME, LORA_RANK = "story", 8
@@ -157,32 +153,8 @@ def knob_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     if reuse:
         yield dict(p.split("=", 1) for p in reuse.split(","))
         return
-    tmp = tmp_path_factory.mktemp("vllm-knobs")
-    path = tmp / "knobs.yaml"
-    path.write_text(yaml.safe_dump(knob_spec()))
-    ports = [free_port() for _ in range(3)]
-    log = tmp / "serve.log"
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [TRITONFORGE, "serve", str(path), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-         "--metrics-port", str(ports[2]), "--open-admin"],
-        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 900
-        while "serving; Ctrl-C to stop" not in log.read_text(errors="replace"):
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "serve not ready in 900 s"
-            time.sleep(0.5)
-        print(f"\nknobs server ready in {time.monotonic() - started:.0f} s")
-        yield {"http": f"127.0.0.1:{ports[0]}", "grpc": f"127.0.0.1:{ports[1]}",
-               "metrics": f"127.0.0.1:{ports[2]}"}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    with serve_spec(knob_spec(), tmp_path_factory.mktemp("vllm-knobs"), "knobs") as addresses:
+        yield addresses
 
 
 # -- prefix caching -------------------------------------------------------------------------

@@ -18,9 +18,7 @@ model (SmolLM2 itself, prepared locally from the same GGUF). Oracles:
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -30,8 +28,8 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import serve_spec
 from tritonforge.clients import Client
-from tritonforge.runtime.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITONFORGE = str(Path(sys.executable).parent / "tritonforge")
@@ -64,34 +62,8 @@ def fp8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     spec["kv_cache"] = {"cpu_space_gib": KV_GIB, "dtype": "fp8"}
     spec["speculative"] = {"method": "draft_model", "draft_model": str(folder),
                            "num_speculative_tokens": 3}
-    tmp = tmp_path_factory.mktemp("vllm-fp8")
-    path = tmp / "kv8.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    ports = [free_port() for _ in range(3)]
-    log = tmp / "serve.log"
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [TRITONFORGE, "serve", str(path), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-         "--metrics-port", str(ports[2]), "--open-admin"],
-        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 900
-        while "serving; Ctrl-C to stop" not in log.read_text(errors="replace"):
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "serve not ready in 900 s"
-            time.sleep(0.5)
-        print(f"\nfp8/gguf/draft server ready in {time.monotonic() - started:.0f} s")
-        server_log = re.search(r"^\s*log (\S+)$", log.read_text(), re.MULTILINE)
-        assert server_log, log.read_text()
-        yield {"grpc": f"127.0.0.1:{ports[1]}", "metrics": f"127.0.0.1:{ports[2]}",
-               "server_log": Path(server_log.group(1)), "folder": folder, "spec": path}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    with serve_spec(spec, tmp_path_factory.mktemp("vllm-fp8"), "kv8") as addresses:
+        yield {**addresses, "folder": folder}
 
 
 @pytest.fixture(scope="module")
