@@ -152,6 +152,24 @@ def _shared_server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail(f"during {request.node.nodeid}: {why}", pytrace=False)
 
 
+def metric(metrics_url: str, name: str, *, required: bool = False, **labels: str) -> float:
+    """Sum of a series on the server's /metrics over the label sets matching ``labels``.
+    A series that is not exported at all fails, unless ``labels`` narrow it and it is not
+    ``required`` (a labelled counter Triton only shows once it has counted)."""
+    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+            seen = True
+    assert seen or (labels and not required), f"{name} is not exported on {metrics_url}/metrics"
+    return total
+
+
 def engine_gauge(metrics_url: str, name: str = "tritonforge_engine_requests_running") -> float:
     """A tritonforge engine gauge on the server's metrics endpoint, summed over label sets."""
     with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=5) as reply:

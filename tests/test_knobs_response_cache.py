@@ -11,7 +11,6 @@ decoupled ensemble never touch the cache (Triton refuses caching decoupled model
 from __future__ import annotations
 
 import json
-import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import serve_spec
+from conftest import metric, serve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,13 +26,7 @@ pytestmark = pytest.mark.server
 
 
 def _metric(metrics_url: str, name: str, model: str) -> float:
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and re.search(rf'model="{re.escape(model)}"', line):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric(metrics_url, name, model=model)
 
 
 @pytest.fixture(scope="module")

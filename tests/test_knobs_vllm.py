@@ -29,7 +29,6 @@ import itertools
 import json
 import os
 import random
-import re
 import statistics
 import struct
 import time
@@ -42,6 +41,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from conftest import metric as scrape
 from conftest import serve_spec
 from tritonforge.clients import AsyncClient, Client, Overloaded
 
@@ -63,15 +63,7 @@ def _words(seed: int, n: int) -> str:
 
 
 def metric(metrics_url: str, name: str, model: str = "vllm_engine") -> float:
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        if line.startswith(name + "{") and re.search(rf'model="{re.escape(model)}"', line):
-            total += float(line.rsplit(" ", 1)[1])
-            seen = True
-    assert seen, f"{name} is not on {metrics_url}/metrics"
-    return total
+    return scrape(metrics_url, name, required=True, model=model)
 
 
 def _wait_metric(metrics_url: str, name: str, want: float | None = None, *, old: float | None = None,

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import serve_spec
+from conftest import metric, serve_spec
 from tritonforge.clients import Client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +41,7 @@ pytestmark = pytest.mark.server
 
 
 def _metric(metrics_url: str, name: str) -> float:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") and 'model="vllm_engine"' in line)
+    return metric(metrics_url, name, required=True, model="vllm_engine")
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import re
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
+from conftest import metric
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDINS = Path(__file__).with_name("standins")
@@ -96,22 +96,6 @@ def start(repo: Path, *, log_name: str, env: dict[str, str] | None = None) -> tu
     return server, ServerHandle(http_url=opts.http_url, grpc_url=opts.grpc_url,
                                 metrics_url=opts.metrics_url, model="", repo=repo,
                                 admin_key=server.admin_key, log_file=log, server=server)
-
-
-def metric(metrics_url: str, name: str, **labels: str) -> float:
-    """Sum of a series on the server's /metrics over the label sets matching ``labels``."""
-    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        head, value = line.rsplit(" ", 1)
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-            seen = True
-    assert seen or labels, f"{name} is not exported on {metrics_url}/metrics"
-    return total
 
 
 def wait_metric(metrics_url: str, name: str, predicate: Any, seconds: float = 10.0,
