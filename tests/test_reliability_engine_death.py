@@ -48,15 +48,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         yield s
 
 
-def engine_core_pids(server_pid: int) -> list[int]:
+def _named(serve_pid: int, prefix: str) -> list[int]:
+    """Processes under ``serve_pid`` whose name (/proc's comm, 15 characters) starts so."""
     pids = []
-    for pid in descendants(server_pid):
+    for pid in descendants(serve_pid):
         try:
-            if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::EngineCor"):
+            if Path(f"/proc/{pid}/comm").read_text().startswith(prefix):
                 pids.append(pid)
         except OSError:
             continue
     return pids
+
+
+def engine_core_pids(server_pid: int) -> list[int]:
+    return _named(server_pid, "VLLM::EngineCor")
 
 
 def test_engine_death_fails_requests_turns_not_ready_and_recovers(served: ServeProcess) -> None:
@@ -116,8 +121,7 @@ def test_engine_death_fails_requests_turns_not_ready_and_recovers(served: ServeP
 
 
 def _tritonservers(serve_pid: int) -> list[int]:
-    return [pid for pid in descendants(serve_pid)
-            if Path(f"/proc/{pid}/comm").exists() and Path(f"/proc/{pid}/comm").read_text().strip() == "tritonserver"]
+    return _named(serve_pid, "tritonserver\n")
 
 
 def test_a_crashed_tritonserver_is_started_again_by_serve(served: ServeProcess) -> None:

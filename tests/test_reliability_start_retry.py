@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import descendants
 from tritonforge.runtime.server import (
     STUB_WAIT_SECONDS,
     ServerError,
@@ -114,17 +115,13 @@ class TritonPythonModel:
 
 def _stub_pids(server_pid: int, model: str) -> list[int]:
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in descendants(server_pid):
         try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(stat[1]) == server_pid and argv[0].endswith(b"triton_python_backend_stub") \
-                and f"/{model}/1/model.py".encode() in argv[1]:
-            pids.append(int(entry.name))
+        if argv[0].endswith(b"triton_python_backend_stub") and f"/{model}/1/model.py".encode() in argv[1]:
+            pids.append(pid)
     return pids
 
 
