@@ -348,6 +348,17 @@ def tree_cpu_rate(pid: int, seconds: float = 0.5) -> float:
     return (tree_cpu_seconds(pid) - before) / seconds
 
 
+def chat_prompt_ids(messages: list[dict[str, str]]) -> list[int]:
+    """The token ids the default model's own chat template gives ``messages`` (with the
+    generation prompt): what the oracle is asked for a chat request, so that which answer the
+    model gives on this CPU (its bf16 kernels decide the greedy text) is never written down."""
+    from tritonforge.triton_models.preprocess import load_tokenizer
+
+    tok = load_tokenizer("package:smollm2-135m-instruct")
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tok.encode(rendered, add_special_tokens=False))
+
+
 def start_oracle(engine_args: dict[str, object] | None = None) -> VllmOracle:
     """vLLM's offline LLM API in its own process, on the default model (see vllm_oracle)."""
     from tritonforge.runtime.models import resolve_model

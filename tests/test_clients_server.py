@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import engine_gauge, wait_engine_gauge
+from conftest import chat_prompt_ids, engine_gauge, wait_engine_gauge
 from tritonforge.triton_models.metrics import REQUESTS_RUNNING
 from tritonforge.clients import (
     AsyncClient,
@@ -113,10 +113,10 @@ def test_both_transports_sync_async_stream_nonstream_same_greedy_text(triton_ser
             assert done.chunks == 1
 
 
-def test_chat_same_on_both_transports(clients: dict[str, Client]) -> None:
+def test_chat_same_on_both_transports(clients: dict[str, Client], vllm_oracle: Any) -> None:
     texts = {p: c.chat(CHAT, max_tokens=16, temperature=0.0).text for p, c in clients.items()}
-    assert "Paris" in texts["grpc"]
-    assert texts["grpc"] == texts["http"]
+    want = vllm_oracle.generate(chat_prompt_ids(CHAT), temperature=0, max_tokens=16)["text"]
+    assert want.strip() and texts == {"grpc": want, "http": want}
 
 
 def test_discovers_the_one_ensemble(triton_server: Any) -> None:
@@ -289,14 +289,20 @@ def test_cli_complete_json_and_stream(triton_server: Any, clients: dict[str, Cli
         assert streamed.exit_code == 0 and streamed.stdout == expected + "\n"
 
 
-def test_cli_chat_keeps_history_and_exits(triton_server: Any) -> None:
-    result = _cli("chat", "--url", triton_server.grpc_url, "--max-tokens", "12", "--json",
-                  input="What is the capital of France?\nAnd of Italy?\n/exit\n")
+def test_cli_chat_keeps_history_and_exits(triton_server: Any, vllm_oracle: Any) -> None:
+    first, second = "What is the capital of France?", "And of Italy?"
+    result = _cli("chat", "--url", triton_server.grpc_url, "--max-tokens", "12", "--temperature", "0",
+                  "--json", input=f"{first}\n{second}\n/exit\n")
     assert result.exit_code == 0, result.output
     replies = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(replies) == 2 and "Paris" in replies[0]["text"]
-    # The second turn carried the first one: its prompt is longer than the question alone.
-    assert replies[1]["prompt_tokens"] > replies[0]["prompt_tokens"]
+    assert len(replies) == 2
+    # Each answer is vLLM's own greedy answer to the conversation so far: the second turn
+    # carried the first question and the first answer.
+    turn1 = [{"role": "user", "content": first}]
+    assert replies[0]["text"] == vllm_oracle.generate(chat_prompt_ids(turn1), temperature=0, max_tokens=12)["text"]
+    turn2 = [*turn1, {"role": "assistant", "content": replies[0]["text"]}, {"role": "user", "content": second}]
+    assert replies[1]["text"] == vllm_oracle.generate(chat_prompt_ids(turn2), temperature=0, max_tokens=12)["text"]
+    assert replies[1]["prompt_tokens"] == len(chat_prompt_ids(turn2))
 
 
 def test_cli_failures_are_one_line(triton_server: Any) -> None:

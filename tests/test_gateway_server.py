@@ -18,7 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 from tritonforge.triton_models.metrics import REQUESTS_FINISHED as FINISHED
-from conftest import engine_gauge, wait_engine_gauge
+from conftest import chat_prompt_ids, engine_gauge, wait_engine_gauge
 from tritonforge.triton_models.metrics import REQUESTS_RUNNING
 from tritonforge.clients import Client, InvalidRequest
 from tritonforge.gateway import GatewayHandle, run_gateway_in_thread
@@ -75,14 +75,16 @@ def test_models_lists_the_served_ensemble(sdk: openai.OpenAI, triton_server: Any
 
 
 def test_chat_greedy_equals_typed_client_streamed_or_not(sdk: openai.OpenAI, typed: Client,
-                                                         triton_server: Any) -> None:
+                                                         triton_server: Any, vllm_oracle: Any) -> None:
     want = typed.chat([{"role": "user", "content": QUESTION}], max_tokens=MAX,
                       temperature=0.0)
+    oracle = vllm_oracle.generate(chat_prompt_ids([{"role": "user", "content": QUESTION}]),
+                                  temperature=0, max_tokens=MAX)
     reply = sdk.chat.completions.create(model=triton_server.model, messages=CHAT,
                                         max_tokens=MAX, temperature=0.0)
     choice = reply.choices[0]
     assert choice.message.role == "assistant" and choice.message.content == want.text
-    assert "Paris" in want.text and choice.finish_reason == want.finish_reason.value
+    assert want.text == oracle["text"] and choice.finish_reason == want.finish_reason.value
     assert reply.usage is not None
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (want.prompt_tokens,
                                                                           want.completion_tokens)
@@ -120,11 +122,15 @@ def test_completions_greedy_equals_typed_client_streamed_or_not(sdk: openai.Open
     assert all(c.usage is None for c in chunks)  # usage only when asked for
 
 
-def test_stop_seed_and_max_tokens(sdk: openai.OpenAI, triton_server: Any) -> None:
+def test_stop_seed_and_max_tokens(sdk: openai.OpenAI, triton_server: Any, vllm_oracle: Any) -> None:
+    # a stop string a few words into vLLM's own greedy answer: the reply ends just before it
+    greedy = vllm_oracle.generate(chat_prompt_ids([{"role": "user", "content": QUESTION}]),
+                                  temperature=0, max_tokens=MAX)["text"]
+    stop = " " + greedy.split(" ")[3]
+    assert stop.strip() and greedy.find(stop) > 0, greedy
     reply = sdk.chat.completions.create(model=triton_server.model, messages=CHAT,
-                                        max_tokens=MAX, temperature=0.0, stop=[" Paris"])
-    text = reply.choices[0].message.content or ""
-    assert "Paris" not in text and text.startswith("The capital of France is")
+                                        max_tokens=MAX, temperature=0.0, stop=[stop])
+    assert reply.choices[0].message.content == greedy[:greedy.find(stop)]
     assert reply.choices[0].finish_reason == "stop"
 
     def sampled(seed: int) -> str:

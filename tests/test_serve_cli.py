@@ -14,19 +14,24 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+from conftest import chat_prompt_ids
 from tritonforge.runtime.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITONFORGE = str(Path(sys.executable).parent / "tritonforge")
 
 
-def test_serve_answers_then_stops_without_orphans() -> None:
+QUESTION = "What is the capital of France?"
+
+
+def test_serve_answers_then_stops_without_orphans(vllm_oracle: Any) -> None:
     ports = [free_port(), free_port(), free_port()]
     proc = subprocess.Popen(
-        [TRITONFORGE, "serve", "--ask", "What is the capital of France?", "--max-tokens", "16",
+        [TRITONFORGE, "serve", "--ask", QUESTION, "--max-tokens", "16",
          "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )
@@ -46,7 +51,10 @@ def test_serve_answers_then_stops_without_orphans() -> None:
         assert serving.wait(900), "".join(lines[-40:])
         out = "".join(lines)
         assert "ready in" in out
-        assert "Paris" in out  # the streamed answer
+        # the streamed answer: vLLM's own greedy answer (the default spec's temperature is 0)
+        answer = vllm_oracle.generate(chat_prompt_ids([{"role": "user", "content": QUESTION}]),
+                                      temperature=0, max_tokens=16)["text"]
+        assert answer.strip() and f"> {QUESTION}\n{answer}\n" in out, out
         assert "127.0.0.1:%d" % ports[0] in out
         _run_the_printed_commands(out, ports)
         descendants = psutil.Process(proc.pid).children(recursive=True)
