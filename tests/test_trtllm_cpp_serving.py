@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import wait_engine_gauge
+from conftest import chat_prompt_ids, wait_engine_gauge
 from tritonforge import contract as C
 from tritonforge.clients import AsyncClient, Client
 from tritonforge.triton_models import metrics
@@ -91,14 +91,6 @@ def cpp(tmp_path_factory: pytest.TempPathFactory) -> Any:
         server.stop()
 
 
-def _chat_ids(messages: list[dict[str, str]]) -> list[int]:
-    from tritonforge.triton_models.preprocess import load_tokenizer
-
-    tok = load_tokenizer(MODEL_REF)
-    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tok.encode(rendered, add_special_tokens=False))
-
-
 def _no_state(handle: Any) -> None:
     assert wait_metric(handle.metrics_url, POST_OPEN, lambda v: v == 0) == 0
     assert wait_metric(handle.metrics_url, POST_FACTS, lambda v: v == 0) == 0
@@ -118,9 +110,15 @@ def test_streams_end_with_the_right_finish_reason(cpp: Any, vllm_oracle: Any) ->
     at = next(i for i in range(3, len(ids)) if tok.encode(tok.decode([ids[i]]), add_special_tokens=False) == [ids[i]]
               and tok.decode([ids[i]]).strip())
     stop_word = tok.decode([ids[at]])
-    chat = [{"role": "user", "content": "What is the capital of France?"}]
-    chat_ref = vllm_oracle.generate(_chat_ids(chat), temperature=0, max_tokens=64)
-    assert len(chat_ref["token_ids"]) < 64, "the oracle's answer did not end at end of sequence"
+    # a question whose greedy answer ends at end of sequence within 64 tokens: which one does
+    # depends on the CPU's bf16 kernels (on an AMX machine "What is the capital of France?"
+    # loops to the budget), so the oracle picks it from a few
+    for question in ("What is the capital of France?", "What is the capital of Italy?", "What is 2 + 2?"):
+        chat = [{"role": "user", "content": question}]
+        chat_ref = vllm_oracle.generate(chat_prompt_ids(chat), temperature=0, max_tokens=64)
+        if len(chat_ref["token_ids"]) < 64:
+            break
+    assert len(chat_ref["token_ids"]) < 64, "no oracle answer ended at end of sequence"
 
     for protocol, url in (("grpc", cpp.grpc_url), ("http", cpp.http_url)):
         with Client(url, protocol=protocol, model=cpp.model) as client:  # type: ignore[arg-type]
@@ -138,7 +136,7 @@ def test_streams_end_with_the_right_finish_reason(cpp: Any, vllm_oracle: Any) ->
             with client.stream(messages=chat, max_tokens=64, stop=[]) as s:
                 text = "".join(c.text for c in s)
             assert s.completion.finish_reason is C.FinishReason.STOP, protocol
-            assert text == chat_ref["text"] and "Paris" in text
+            assert text == chat_ref["text"] and text.strip()
 
             done = client.complete(STORY, max_tokens=12, stream=False, stop=[])
             assert done.finish_reason is C.FinishReason.LENGTH and done.text == ref12
@@ -181,13 +179,27 @@ def test_no_postprocessing_state_after_a_thousand_requests(cpp: Any, vllm_oracle
     vLLM's offline greedy text for every (prompt, max_tokens), and the facts folder on disk."""
     finished = {r: metric(cpp.metrics_url, POST_FINISHED, finish_reason=r) for r in ("stop", "length")}
     ids = 16
-    prompts = {(f"{STORY} {k}", n): vllm_oracle.generate(f"{STORY} {k}", temperature=0, max_tokens=n)["text"]
-               for k in range(7) for n in (1, 2, 3)}
+    # Prompts whose greedy tokens win clearly (the oracle's top-1 logprob beats the runner-up
+    # by >= 1 nat at each of the 3 positions; " girl" after STORY by 0.375 here): the served
+    # engine batches 16 requests, the oracle runs one, and bf16 kernels give slightly different
+    # logits per batch, so a near-tie would make the texts differ with no state involved.
+    def clear(prompt: str, tokens: int = 3, margin: float = 1.0) -> bool:
+        lps = vllm_oracle.generate(prompt, temperature=0, max_tokens=tokens, logprobs=2)["logprobs"]
+        tops = [sorted(e.values(), reverse=True) for e in lps]
+        return all(v[0] - v[1] >= margin for v in tops)
+
+    assert vllm_oracle.generate(STORY, temperature=0, max_tokens=1)["text"] == " girl"
+    assert clear(STORY, 1, margin=0.3)
+    counting = (", ".join(str(k + j) for j in range(4)) + "," for k in range(2, 20))
+    chosen = [p for p in counting if clear(p)][:7]
+    assert len(chosen) == 7, chosen
+    prompts = {(p, n): vllm_oracle.generate(p, temperature=0, max_tokens=n)["text"]
+               for p in chosen for n in (1, 2, 3)}
 
     def kind(i: int) -> tuple[str, list[str], int]:
         # odd: the greedy text's first token is " girl", a stop word -> "stop", no text;
         # even: another prompt, max_tokens reached -> "length"
-        return (STORY, [" girl"], 1 + i % 3) if i % 2 else (f"{STORY} {i % 7}", [], 1 + i % 3)
+        return (STORY, [" girl"], 1 + i % 3) if i % 2 else (chosen[i % 7], [], 1 + i % 3)
 
     async def main() -> list[tuple[int, str, str]]:
         async with AsyncClient(cpp.grpc_url, model=cpp.model, timeout=300) as client:
