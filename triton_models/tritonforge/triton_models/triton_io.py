@@ -42,9 +42,15 @@ def prepare_stub() -> None:
 
     It also honours ``$PYTHONPATH``, which the stub's embedded interpreter does not read
     (seen on 2.51: a package there was not importable): its entries go first on
-    ``sys.path``, as a plain interpreter would put them.
+    ``sys.path``, as a plain interpreter would put them; and it raises the priority of the
+    stub's health thread (``stub_health``), which the backend gives a 1-s deadline.
     """
     fix_locale()
+    from tritonforge.triton_models.stub_health import favour_health_thread
+
+    why_not = favour_health_thread()
+    if why_not:
+        logging.getLogger("tritonforge.stub").warning("%s", why_not)
     import atexit
     import contextlib
     import os
