@@ -1,4 +1,4 @@
-"""Weight quantization (GPTQ), FP8 KV cache and draft-model speculation on the real CPU server.
+"""Weight quantization (GPTQ, AWQ), FP8 KV cache and draft-model speculation on the real CPU server.
 
 One server: ``deployments/default.yaml`` with ``model.path`` set to a 4-bit GPTQ checkpoint
 of SmolLM2 made here (AutoGPTQ's layout, symmetric, 64-input groups, plain round-to-nearest:
@@ -13,6 +13,10 @@ decoding with a draft model (the bf16 SmolLM2). Oracles:
 * greedy text equals vLLM's offline output (``tests/vllm_oracle.py``) on the same checkpoint
   with the same KV dtype and draft model;
 * vLLM's own speculative-decoding counts: drafts proposed and accepted.
+
+A second server runs a 4-bit AWQ checkpoint made here (``awq_checkpoint()``, AutoAWQ's GEMM
+layout with a zero point per group): vLLM's log names its CPU W4A16 kernel for the AWQ
+layers, and its greedy text equals offline vLLM on the same checkpoint.
 
 (The GGUF path -- served dequantized, with ``quantization`` left unset since vLLM 0.32 has no
 GGUF method -- is what the ``test_knobs_vllm.py`` server runs.)
@@ -38,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRITONFORGE = str(Path(sys.executable).parent / "tritonforge")
 MODEL = "kv8"
 KV_GIB = 1
+GROUP = 64  # inputs per quantization group
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's column order within a packed word
 PROMPTS = ("Once upon a time, there was a little", "List the days of the week: Monday, Tuesday,")
 
 pytestmark = pytest.mark.server
@@ -47,19 +53,18 @@ def _metric(metrics_url: str, name: str) -> float:
     return metric(metrics_url, name, required=True, model="vllm_engine")
 
 
-def gptq_checkpoint() -> Path:
-    """SmolLM2 as a 4-bit GPTQ checkpoint (AutoGPTQ v1 layout: ``qweight`` int32 packing 8
-    input rows, ``scales`` fp16 per 64-input group, ``qzeros`` 7 = zero point 8 minus one,
-    ``g_idx``), quantized here by round-to-nearest; made once into the project cache."""
+def _checkpoint(kind: str, quantize: Any, quant_config: dict[str, Any]) -> Path:
+    """SmolLM2 with every ``*_proj`` linear layer replaced by what ``quantize(name, w)``
+    returns (its tensors, from the bf16 weight ``w`` [out, in]) and ``quant_config`` in
+    config.json; embeddings (tied to lm_head) and norms stay bf16. Made once into the
+    project cache."""
     import shutil
 
-    import torch
     from safetensors.torch import load_file, save_file
     from tritonforge.runtime.models import resolve_model
     from tritonforge.runtime.paths import cache_dir
 
-    group = 64
-    out = cache_dir() / "test-gptq" / f"smollm2-w4-g{group}-rtn"
+    out = cache_dir() / "test-quant" / f"smollm2-{kind}"
     if (out / "model.safetensors").is_file():
         return out
     src = resolve_model("package:smollm2-135m-instruct")
@@ -71,31 +76,73 @@ def gptq_checkpoint() -> Path:
         tensors.update(load_file(str(f)))
     packed: dict[str, Any] = {}
     for name, w in tensors.items():
-        if not (name.endswith("_proj.weight") and w.dim() == 2):
-            packed[name] = w  # embeddings (tied to lm_head) and norms stay bf16
-            continue
-        wt = w.float().t().contiguous()  # [in, out]
-        n_in, n_out = wt.shape
-        groups = wt.view(n_in // group, group, n_out)
-        scale = (groups.abs().amax(dim=1) / 7.0).clamp(min=1e-8)
-        q = (torch.clamp(torch.round(groups / scale[:, None, :]) + 8, 0, 15)
-             .view(n_in, n_out).to(torch.int64))
-        qweight = torch.zeros(n_in // 8, n_out, dtype=torch.int64)
-        for j in range(8):
-            qweight |= q[j::8] << (4 * j)
-        base = name[: -len(".weight")]
-        packed[f"{base}.qweight"] = qweight.to(torch.uint32).view(torch.int32)
-        packed[f"{base}.qzeros"] = torch.full((n_in // group, n_out // 8), 0x77777777,
-                                              dtype=torch.int32)
-        packed[f"{base}.scales"] = scale.to(torch.float16)
-        packed[f"{base}.g_idx"] = (torch.arange(n_in) // group).to(torch.int32)
+        if name.endswith("_proj.weight") and w.dim() == 2:
+            base = name[: -len(".weight")]
+            packed.update({f"{base}.{k}": v for k, v in quantize(w).items()})
+        else:
+            packed[name] = w
     save_file(packed, str(tmp / "model.safetensors"))
     cfg = json.loads((tmp / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group,
-                                  "desc_act": False, "sym": True, "lm_head": False}
+    cfg["quantization_config"] = quant_config
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     tmp.rename(out)
     return out
+
+
+def _pack(q: Any, order: tuple[int, ...], dim: int) -> Any:
+    """4-bit values ``q`` (int64) packed 8 to an int32 along ``dim``: nibble k (bits 4k..4k+3)
+    of each word holds element ``order[k]`` of its group of 8."""
+    import torch
+
+    q = q.movedim(dim, 0)
+    word = torch.zeros((q.shape[0] // 8, *q.shape[1:]), dtype=torch.int64)
+    for k, j in enumerate(order):
+        word |= q[j::8] << (4 * k)
+    return word.to(torch.uint32).view(torch.int32).movedim(0, dim).contiguous()
+
+
+def gptq_checkpoint() -> Path:
+    """4-bit GPTQ (AutoGPTQ v1 layout: ``qweight`` int32 packing 8 input rows, ``scales``
+    fp16 per 64-input group, ``qzeros`` 7 = zero point 8 minus one, ``g_idx``), symmetric,
+    quantized here by round-to-nearest."""
+    import torch
+
+    def quantize(w: Any) -> dict[str, Any]:
+        wt = w.float().t().contiguous()  # [in, out]
+        n_in, n_out = wt.shape
+        groups = wt.view(n_in // GROUP, GROUP, n_out)
+        scale = (groups.abs().amax(dim=1) / 7.0).clamp(min=1e-8)
+        q = torch.clamp(torch.round(groups / scale[:, None, :]) + 8, 0, 15).view(n_in, n_out).to(torch.int64)
+        return {"qweight": _pack(q, tuple(range(8)), 0),
+                "qzeros": torch.full((n_in // GROUP, n_out // 8), 0x77777777, dtype=torch.int32),
+                "scales": scale.to(torch.float16),
+                "g_idx": (torch.arange(n_in) // GROUP).to(torch.int32)}
+
+    return _checkpoint(f"gptq-w4-g{GROUP}-rtn", quantize, {
+        "quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False, "sym": True,
+        "lm_head": False})
+
+
+def awq_checkpoint() -> Path:
+    """4-bit AWQ (AutoAWQ GEMM layout: ``qweight`` [in, out/8] and ``qzeros`` [in/64, out/8]
+    int32 packing 8 output columns in AWQ's order 0,2,4,6,1,3,5,7; ``scales`` fp16
+    [in/64, out]), asymmetric (a zero point per group), quantized here by round-to-nearest."""
+    import torch
+
+    def quantize(w: Any) -> dict[str, Any]:
+        wt = w.float().t().contiguous()  # [in, out]
+        n_in, n_out = wt.shape
+        groups = wt.view(n_in // GROUP, GROUP, n_out)
+        low, high = groups.amin(dim=1), groups.amax(dim=1)
+        scale = ((high - low) / 15.0).clamp(min=1e-8)
+        zero = torch.clamp(torch.round(-low / scale), 0, 15)
+        q = torch.clamp(torch.round(groups / scale[:, None, :]) + zero[:, None, :], 0, 15)
+        return {"qweight": _pack(q.view(n_in, n_out).to(torch.int64), AWQ_ORDER, 1),
+                "qzeros": _pack(zero.to(torch.int64), AWQ_ORDER, 1),
+                "scales": scale.to(torch.float16)}
+
+    return _checkpoint(f"awq-w4-g{GROUP}-rtn", quantize, {
+        "quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"})
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +221,30 @@ def test_draft_model_speculation_serves_vllms_output(fp8_server: dict[str, Any],
           f"{got['draft_tokens']:.0f} drafted, {got['accepted_tokens']:.0f} accepted")
     assert got["drafts"] > 0 and got["draft_tokens"] == 3 * got["drafts"]
     assert 0 < got["accepted_tokens"] <= got["draft_tokens"]
+
+
+@pytest.fixture(scope="module")
+def awq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    spec = yaml.safe_load((ROOT / "deployments" / "default.yaml").read_text())
+    spec["name"] = MODEL
+    spec["model"] = {**spec["model"], "path": str(awq_checkpoint())}
+    spec["quantization"] = "awq"
+    with serve_spec(spec, tmp_path_factory.mktemp("vllm-awq"), "awq") as addresses:
+        yield addresses
+
+
+def test_awq_layers_run_on_vllms_cpu_kernel_and_serve_vllms_output(awq_server: dict[str, Any]) -> None:
+    from tritonforge.runtime.server import find_install, server_environment
+    from vllm_oracle import VllmOracle
+
+    log = awq_server["server_log"].read_text()
+    assert "quantization=awq" in log  # vLLM's engine config, as it logged it
+    assert "Using CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod" in log
+    oracle = VllmOracle(awq_checkpoint(), {}, server_environment(find_install(), {"VLLM_CPU_KVCACHE_SPACE": "1"}))
+    try:
+        with Client(awq_server["grpc"], model=MODEL) as client:
+            for prompt in PROMPTS:
+                served = client.complete(prompt, max_tokens=24, temperature=0.0)
+                assert served.text == oracle.generate(prompt, max_tokens=24, temperature=0.0)["text"], prompt
+    finally:
+        oracle.close()
