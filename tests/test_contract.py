@@ -10,7 +10,7 @@ import pytest
 from tritonforge import contract as C
 from tritonforge import docsync
 from tritonforge.clients import Request
-from tritonforge.clients._models import REQUEST_TENSORS, RequestOverrides
+from tritonforge.clients._models import GUIDE_FIELDS, REQUEST_TENSORS, RequestOverrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,10 @@ def test_every_row_derives_its_tensors() -> None:
 
 
 def test_client_request_fields_are_the_tables() -> None:
-    fields = {f.name for f in dataclasses.fields(Request)} - {"request_id", "timeout"}
+    fields = {f.name for f in dataclasses.fields(Request)} - {"request_id", "timeout"} - set(GUIDE_FIELDS)
     assert fields == set(REQUEST_TENSORS) == {p.client for p in C.REQUEST_PARAMETERS if p.client}
+    assert set(GUIDE_FIELDS) == {g.client for g in C.GUIDES}
+    fields |= set(GUIDE_FIELDS)
     assert set(RequestOverrides.__annotations__) - {"request_id", "timeout"} == fields
 
 
@@ -56,6 +58,19 @@ def test_client_request_fields_are_the_tables() -> None:
     ({"stop_words": ["a", ""]}, "stop_words", "empty word"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens", "<= max_tokens"),
     ({"temprature": 0.3}, "temprature", "did you mean temperature"),
+    ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[a-z]+"}, None, None),
+    ({"guided_decoding_guide_type": "json"}, None, None),
+    ({"guided_decoding_guide_type": "yaml"}, "guided_decoding_guide_type", "must be one of json, json_schema"),
+    ({"guided_decoding_guide": "[a-z]+"}, "guided_decoding_guide_type", "needs guided_decoding_guide_type"),
+    ({"guided_decoding_guide_type": "regex"}, "guided_decoding_guide", "regex needs a guide"),
+    ({"guided_decoding_guide_type": "json", "guided_decoding_guide": "{}"}, "guided_decoding_guide",
+     "json takes no guided_decoding_guide"),
+    ({"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "{'a'"}, "guided_decoding_guide",
+     "is not valid JSON"),
+    ({"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "[]"}, "guided_decoding_guide",
+     "must be a JSON object"),
+    ({"guided_decoding_guide_type": "choice", "guided_decoding_guide": '["a", ""]'}, "guided_decoding_guide",
+     "JSON list of non-empty strings"),
 ])
 def test_check_request_values(values: dict, param: str | None, fragment: str | None) -> None:  # type: ignore[type-arg]
     if param is None:
@@ -76,6 +91,19 @@ def test_engine_capabilities_refuse_rather_than_drop() -> None:
     assert "min_p" not in C.engine_inputs_for(C.EngineKind.TRTLLM_CPP)
     assert "lora_task_id" not in C.engine_inputs_for(C.EngineKind.VLLM)
     assert "lora_task_id" in C.engine_inputs_for(C.EngineKind.VLLM, ("lora",))
+    guide = {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[0-9]+"}
+    C.check_request_values(guide, engine=C.EngineKind.VLLM)
+    with pytest.raises(C.ParameterError, match="guided_decoding_guide_type is not supported"):
+        C.check_request_values(guide, engine=C.EngineKind.TRTLLM_CPP)
+    assert "guided_decoding_guide" not in C.engine_inputs_for(C.EngineKind.TRTLLM_CPP)
+
+
+def test_client_guides_encode_into_the_two_guide_inputs() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert Request(prompt="x", json_schema=schema).inputs()["guided_decoding_guide"] == '{"type": "object", "properties": {"n": {"type": "integer"}}}'
+    assert Request(prompt="x", choice=["a", "b"]).inputs()["guided_decoding_guide_type"] == "choice"
+    assert Request(prompt="x", json_object=True).inputs()["guided_decoding_guide"] == ""
+    assert "guided_decoding_guide_type" not in Request(prompt="x", json_object=False).inputs()
 
 
 def test_unknown_request_parameters() -> None:

@@ -52,6 +52,9 @@ __all__ = [
     "ENSEMBLE_INPUTS",
     "ENSEMBLE_OUTPUTS",
     "FINAL_RESPONSE_PARAMETER",
+    "GUIDES",
+    "GUIDE_INPUT",
+    "GUIDE_TYPE_INPUT",
     "LIMITS",
     "LORA_CONFIG_FILE",
     "LORA_ENGINE_INPUTS",
@@ -76,6 +79,8 @@ __all__ = [
     "ErrorInfo",
     "ErrorKind",
     "FinishReason",
+    "Guide",
+    "GuideType",
     "Limits",
     "Param",
     "ParameterError",
@@ -83,8 +88,10 @@ __all__ = [
     "Tensor",
     "by_name",
     "check_request_parameters",
+    "check_guide",
     "check_request_values",
     "closest",
+    "encode_guide",
     "engine_inputs_for",
     "engine_request_id",
     "format_error",
@@ -250,6 +257,7 @@ class Limits:
     max_stop_words: int = 32
     max_word_bytes: int = 1024
     max_messages: int = 1024
+    max_guide_bytes: int = 262_144  # guided_decoding_guide (a JSON schema, a grammar, ...)
     message_roles: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
 
@@ -258,7 +266,7 @@ LIMITS: Final = Limits()
 
 # ----------------------------------------------------------------------------------------
 # THE request-parameter table.
-ParamKind = Literal["prompt", "scalar", "words", "adapter"]
+ParamKind = Literal["prompt", "scalar", "words", "adapter", "text"]
 _ALL_ENGINES: Final = frozenset(EngineKind)
 
 
@@ -269,7 +277,8 @@ class RequestParam:
     ``kind`` says how preprocessing turns it into engine inputs: ``prompt`` (text_input /
     messages -> ``input_ids``), ``scalar`` (passed on, default filled), ``words`` (strings ->
     TensorRT-LLM's ``[2, L]`` token-id word list), ``adapter`` (a LoRA adapter name -> its
-    task id). ``low``/``high`` are inclusive unless ``low_open``/``high_open``.
+    task id), ``text`` (one UTF-8 string passed on, e.g. a structured-output guide).
+    ``low``/``high`` are inclusive unless ``low_open``/``high_open``.
     """
 
     name: str  # ensemble input name (reference TensorRT-LLM ensemble names)
@@ -329,6 +338,9 @@ def _num_text(v: float) -> str:
 
 _I32: Final = 2**31 - 1
 _VLLM_ONLY: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})
+_GUIDES_UNSUPPORTED: Final = (
+    "tritonforge passes structured-output guides to its vLLM engine model only so far "
+    "(TensorRT-LLM needs guided_decoding_backend: xgrammar and its tokenizer info)")
 
 REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
     RequestParam("text_input", DType.STRING, "Prompt text (UTF-8). One of text_input / messages.",
@@ -389,6 +401,16 @@ REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
                  default=True, spec_default=True),
     RequestParam("lora_name", DType.STRING, "Name of a LoRA adapter from the spec.", kind="adapter",
                  engine="lora_task_id", engine_dtype=DType.UINT64, requires="lora"),
+    RequestParam("guided_decoding_guide_type", DType.STRING,
+                 "Structured output: what guided_decoding_guide is -- json (any JSON object; no "
+                 "guide), json_schema, regex, choice or ebnf_grammar; empty: unconstrained.",
+                 kind="text", default="", engines=frozenset({EngineKind.VLLM}),
+                 why_unsupported=_GUIDES_UNSUPPORTED),
+    RequestParam("guided_decoding_guide", DType.STRING,
+                 "The guide: a JSON schema, a regular expression (matched in full), a JSON list "
+                 "of strings (choice) or an EBNF grammar with a root rule.",
+                 kind="text", default="", engines=frozenset({EngineKind.VLLM}),
+                 why_unsupported=_GUIDES_UNSUPPORTED),
 )
 
 _PARAMS: Final = {p.name: p for p in REQUEST_PARAMETERS}
@@ -397,6 +419,99 @@ _PARAMS: Final = {p.name: p for p in REQUEST_PARAMETERS}
 def param(name: str) -> RequestParam:
     """The row of request parameter ``name`` (its ensemble input name)."""
     return _PARAMS[name]
+
+
+# ----------------------------------------------------------------------------------------
+# Structured outputs: the values of ``guided_decoding_guide_type`` and what each guide is.
+class GuideType(str, enum.Enum):
+    """What ``guided_decoding_guide`` holds: TensorRT-LLM's guide types (its engine contract's
+    names), plus ``choice`` (vLLM's; the guide is a JSON list of strings)."""
+
+    JSON = "json"  # any JSON object; no guide
+    JSON_SCHEMA = "json_schema"  # a JSON schema (JSON text)
+    REGEX = "regex"  # a regular expression the whole output matches
+    CHOICE = "choice"  # a JSON list of strings: the output is exactly one of them
+    EBNF_GRAMMAR = "ebnf_grammar"  # an EBNF grammar (GBNF style, with a ``root`` rule)
+
+
+@dataclass(frozen=True)
+class Guide:
+    """One guide type: the typed client's ``Request`` field and the gateway's vLLM-style
+    request field that ask for it."""
+
+    type: GuideType
+    client: str
+    openai: str | None
+    doc: str
+
+
+GUIDES: Final[tuple[Guide, ...]] = (
+    Guide(GuideType.JSON, "json_object", None,
+          "true: any JSON object (OpenAI's response_format json_object)"),
+    Guide(GuideType.JSON_SCHEMA, "json_schema", "guided_json", "a JSON schema (a dict, or its JSON text)"),
+    Guide(GuideType.REGEX, "regex", "guided_regex", "a regular expression the whole output matches"),
+    Guide(GuideType.CHOICE, "choice", "guided_choice", "a list of strings: the output is one of them"),
+    Guide(GuideType.EBNF_GRAMMAR, "grammar", "guided_grammar", "an EBNF grammar with a root rule"),
+)
+GUIDE_TYPE_INPUT: Final = "guided_decoding_guide_type"
+GUIDE_INPUT: Final = "guided_decoding_guide"
+
+
+def encode_guide(guide: Guide, value: Any) -> dict[str, str]:
+    """The two ensemble inputs that ask for ``value`` as ``guide`` (a schema dict and a
+    choice list travel as JSON text; ``json_object`` takes ``True`` and sends no guide)."""
+    if guide.type is GuideType.JSON:
+        text = ""
+    elif isinstance(value, str):
+        text = value
+    elif guide.type is GuideType.JSON_SCHEMA and isinstance(value, Mapping):
+        text = json.dumps(dict(value), ensure_ascii=False)
+    elif guide.type is GuideType.CHOICE and isinstance(value, (list, tuple)):
+        text = json.dumps(list(value), ensure_ascii=False)
+    else:
+        raise ParameterError(f"{guide.client} must be {guide.doc}; got {value!r}", guide.client)
+    return {GUIDE_TYPE_INPUT: guide.type.value, GUIDE_INPUT: text}
+
+
+def check_guide(guide_type: str, guide: str, limits: Limits = LIMITS) -> Any:
+    """Check a guide's structure (what any client can check; the server also compiles it):
+    :class:`ParameterError` naming the input at fault. Returns the guide parsed -- the
+    schema's dict, the choice list, or the text -- or ``None`` when there is no guide."""
+    if not guide_type:
+        if guide:
+            raise ParameterError(f"{GUIDE_INPUT} needs {GUIDE_TYPE_INPUT} (one of "
+                                 + ", ".join(t.value for t in GuideType) + ")", GUIDE_TYPE_INPUT)
+        return None
+    try:
+        kind = GuideType(guide_type)
+    except ValueError:
+        raise ParameterError(f"{GUIDE_TYPE_INPUT} must be one of " + ", ".join(t.value for t in GuideType)
+                             + f"; got {guide_type!r}", GUIDE_TYPE_INPUT) from None
+    if len(guide.encode("utf-8")) > limits.max_guide_bytes:
+        raise ParameterError(f"{GUIDE_INPUT} must be at most {limits.max_guide_bytes} bytes", GUIDE_INPUT)
+    if "\x00" in guide:
+        raise ParameterError(f"{GUIDE_INPUT} must not contain a NUL character", GUIDE_INPUT)
+    if kind is GuideType.JSON:
+        if guide:
+            raise ParameterError(f"{GUIDE_TYPE_INPUT} json takes no {GUIDE_INPUT} (any JSON object); "
+                                 "send json_schema to give a schema", GUIDE_INPUT)
+        return None
+    if not guide.strip():
+        raise ParameterError(f"{GUIDE_INPUT} is empty; {kind.value} needs a guide", GUIDE_INPUT)
+    if kind in (GuideType.JSON_SCHEMA, GuideType.CHOICE):
+        try:
+            value = json.loads(guide)
+        except json.JSONDecodeError as exc:
+            raise ParameterError(f"{GUIDE_INPUT} ({kind.value}) is not valid JSON: {exc}", GUIDE_INPUT) from None
+        if kind is GuideType.JSON_SCHEMA and not isinstance(value, dict):
+            raise ParameterError(f"{GUIDE_INPUT} (json_schema) must be a JSON object (a schema); "
+                                 f"got {type(value).__name__}", GUIDE_INPUT)
+        if kind is GuideType.CHOICE and (not isinstance(value, list) or not value
+                                         or not all(isinstance(c, str) and c for c in value)):
+            raise ParameterError(f"{GUIDE_INPUT} (choice) must be a JSON list of non-empty strings; "
+                                 f"got {guide[:200]!r}", GUIDE_INPUT)
+        return value
+    return guide
 
 
 # Defaults a request gets for what it omits; the spec's ``defaults`` section overrides them.
@@ -462,6 +577,10 @@ def check_request_values(
             raise ParameterError(
                 f"{name} is not supported by this deployment's engine ({engine.value}): "
                 f"{p.why_unsupported}; leave it out", name)
+    if GUIDE_TYPE_INPUT in values or GUIDE_INPUT in values:
+        gt, g = values.get(GUIDE_TYPE_INPUT, ""), values.get(GUIDE_INPUT, "")
+        if isinstance(gt, str) and isinstance(g, str):
+            check_guide(gt, g, limits)
     mt, mn = values.get("max_tokens"), values.get("min_tokens")
     if isinstance(mt, int) and isinstance(mn, int) and mn > mt:
         raise ParameterError(f"min_tokens must be <= max_tokens ({mt}); got {mn}", "min_tokens")

@@ -29,6 +29,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+from tritonforge import contract
 from tritonforge.clients import (
     AsyncClient,
     AsyncStream,
@@ -81,10 +82,15 @@ class GatewayConfig:
     """Triton's admin key, only needed to discover the model (default ``$TRITONFORGE_ADMIN_KEY``)."""
 
 
-def translate(exc: TritonForgeError) -> oai.ApiError:
-    """The OpenAI-shaped error (and HTTP status) for a client error."""
+def translate(exc: TritonForgeError, guide_field: str | None = None) -> oai.ApiError:
+    """The OpenAI-shaped error (and HTTP status) for a client error; ``guide_field`` is the
+    request's structured-output field (``response_format``, ``guided_json``, ...), named
+    when the server refuses the guide."""
     if isinstance(exc, InvalidRequest):
-        return oai.ApiError(400, str(exc), param=oai.openai_param(exc.param))
+        param = oai.openai_param(exc.param)
+        if guide_field is not None and exc.param in (contract.GUIDE_INPUT, contract.GUIDE_TYPE_INPUT):
+            param = guide_field
+        return oai.ApiError(400, str(exc), param=param)
     if isinstance(exc, Overloaded):
         return oai.ApiError(503, f"the server is at capacity, retry later: {exc}", "server_error",
                             code="overloaded")
@@ -164,7 +170,7 @@ class _Generation:
     """The answer to one generation request, as an ASGI response (see the module docstring)."""
 
     def __init__(self, gw: _Gateway, endpoint: str, received: float, request: Request, model: str,
-                 stream: bool, include_usage: bool) -> None:
+                 stream: bool, include_usage: bool, guide_field: str | None = None) -> None:
         self.gw = gw
         self.endpoint = endpoint
         self.received = received
@@ -172,6 +178,7 @@ class _Generation:
         self.model = model
         self.stream = stream
         self.include_usage = include_usage
+        self.guide_field = guide_field
         self.rid = request.request_id or oai.new_id("cmpl")
         self.created = int(time.time())
         self.chat = endpoint == CHAT
@@ -206,7 +213,7 @@ class _Generation:
                     else:
                         status = await self._json(s, send)
             except TritonForgeError as exc:  # nothing sent yet
-                err = translate(exc)
+                err = translate(exc, self.guide_field)
                 status = err.status
                 await _send_json(send, err.status, err.body())
         finally:
@@ -230,7 +237,7 @@ class _Generation:
             async for piece in self._events(s):
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
         except TritonForgeError as exc:
-            err = translate(exc)
+            err = translate(exc, self.guide_field)
             status = err.status
             await send({"type": "http.response.body", "body": _event(err.body()) + _DONE, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -303,7 +310,9 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
                                param="model", code="model_not_found")
         prefix = "chatcmpl" if endpoint == CHAT else "cmpl"
         req = body.to_request().replace(request_id=oai.new_id(prefix), stream=bool(body.stream))
-        return _Generation(gw, endpoint, received, req, served, bool(body.stream), body.include_usage)
+        guide = body.guide()
+        return _Generation(gw, endpoint, received, req, served, bool(body.stream), body.include_usage,
+                           guide[0] if guide else None)
 
     async def chat(request: HttpRequest, received: float) -> _Generation:
         return await generation(CHAT, request, received)

@@ -24,6 +24,7 @@ __all__ = [
     "ChatCompletionRequest",
     "CompletionRequest",
     "ErrorType",
+    "ResponseFormat",
     "StreamOptions",
     "chat_chunk",
     "chat_response",
@@ -122,11 +123,36 @@ _SamplingFields: Any = create_model(
 )
 
 
-class _Sampling(_SamplingFields):  # type: ignore[misc]
+# vLLM's structured-output extras (guided_json, guided_regex, ...), one per guide type of
+# the contract that has one.
+_GUIDED: Final = {g.openai: g for g in contract.GUIDES if g.openai is not None}
+_GUIDE_TYPES: Final[dict[contract.GuideType, Any]] = {
+    contract.GuideType.JSON_SCHEMA: dict[str, Any] | str | None,
+    contract.GuideType.CHOICE: list[str] | None,
+}
+_GuidedFields: Any = create_model(
+    "_GuidedFields", __base__=_SamplingFields,
+    **{name: (_GUIDE_TYPES.get(g.type, str | None), None) for name, g in _GUIDED.items()},  # type: ignore[misc]
+)
+_BY_TYPE: Final = {g.type: g for g in contract.GUIDES}
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: ``text``, ``json_object`` or ``json_schema`` (``{name, schema,
+    strict, description}``; the schema is always enforced, ``strict`` or not)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class _Sampling(_GuidedFields):  # type: ignore[misc]
     """Fields shared by both endpoints: OpenAI's names (and vLLM's extensions), one per
     row of the contract's table with an OpenAI name, plus the OpenAI-only controls."""
 
     model_config = ConfigDict(extra="ignore")
+
+    response_format: ResponseFormat | None = None
 
     model: str
     n: int | None = None
@@ -143,9 +169,36 @@ class _Sampling(_SamplingFields):  # type: ignore[misc]
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
+    def guide(self) -> tuple[str, str, Any] | None:
+        """The structured output asked for: (the OpenAI field that asked, the typed client's
+        field, its value), or ``None``; more than one is refused."""
+        asked: list[tuple[str, str, Any]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            asked.append(("response_format", _BY_TYPE[contract.GuideType.JSON].client, True))
+        elif rf is not None and rf.type == "json_schema":
+            spec = rf.json_schema or {}
+            schema = spec.get("schema")
+            if not isinstance(schema, dict):
+                raise ApiError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
+                               param="response_format")
+            if not isinstance(spec.get("strict", False), (bool, type(None))):
+                raise ApiError(400, "response_format.json_schema.strict must be true or false",
+                               param="response_format")
+            asked.append(("response_format", _BY_TYPE[contract.GuideType.JSON_SCHEMA].client, schema))
+        for name, g in _GUIDED.items():
+            if (value := getattr(self, name)) is not None:
+                asked.append((name, g.client, value))
+        if len(asked) > 1:
+            raise ApiError(400, "give one structured output at most; got " + ", ".join(a[0] for a in asked),
+                           param=asked[1][0])
+        return asked[0] if asked else None
+
     def _sampling(self, max_tokens: int | None) -> dict[str, Any]:
         """The typed client's request fields (the contract's mapping)."""
         out: dict[str, Any] = {}
+        if (guide := self.guide()) is not None:
+            out[guide[1]] = guide[2]
         for p in _MAPPED:
             value = getattr(self, p.openai or "")
             if p.kind == "words":

@@ -39,6 +39,13 @@ _STRUCTURAL: Final[dict[str, tuple[str, type]]] = {
 _WORDS: Final[dict[str, str]] = {
     p.engine_name: p.name for p in REQUEST_PARAMETERS if p.kind == "words" and p.engine_name
 }
+# Engine inputs that carry one string (structured-output guides): EngineRequest fields.
+_TEXTS: Final[dict[str, str]] = {
+    "guided_decoding_guide_type": "guide_type",
+    "guided_decoding_guide": "guide",
+}
+if set(_TEXTS) != {p.engine_name for p in REQUEST_PARAMETERS if p.kind == "text"}:  # pragma: no cover
+    raise ImportError("tritonforge's engine request has no field for a text input of the table")
 SAMPLING_INPUTS: Final[frozenset[str]] = frozenset(
     n for p in REQUEST_PARAMETERS
     if (n := p.engine_name) is not None and p.kind == "scalar" and n not in _STRUCTURAL
@@ -79,6 +86,8 @@ class EngineRequest:
     end_id: int | None = None
     lora_task_id: int = 0
     return_log_probs: bool = False
+    guide_type: str = ""  # a contract.GuideType value; "" for none
+    guide: str = ""
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)  # engine input -> value
@@ -120,6 +129,11 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray | None], *, decoupled: b
     for name in SAMPLING_INPUTS:
         if (v := _scalar(inputs, name)) is not None:
             req.sampling[name] = v
+    for name, attr in _TEXTS.items():
+        arr = inputs.get(name)
+        if arr is not None and arr.size:
+            v = arr.reshape(-1)[0]
+            setattr(req, attr, bytes(v).decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v))
     req.stop_words = from_word_list(inputs.get("stop_words_list"))
     req.bad_words = from_word_list(inputs.get("bad_words_list"))
     if not decoupled:

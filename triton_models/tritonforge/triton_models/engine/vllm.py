@@ -9,10 +9,12 @@ against the table at import, so a new table row without its mapping line fails l
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
+from tritonforge.contract import GuideType
 from tritonforge.triton_models.engine.request import SAMPLING_INPUTS, EngineRequest
 from tritonforge.triton_models.engine.runner import (
     Delta,
@@ -22,7 +24,7 @@ from tritonforge.triton_models.engine.runner import (
 )
 from tritonforge.triton_models.errors import RequestError
 
-__all__ = ["VLLM_SAMPLING", "VllmAdapter"]
+__all__ = ["VLLM_SAMPLING", "VllmAdapter", "structured_outputs"]
 
 # engine input -> vLLM SamplingParams field; None: accepted, deliberately not passed.
 VLLM_SAMPLING: Final[dict[str, str | None]] = {
@@ -45,6 +47,25 @@ if set(VLLM_SAMPLING) != SAMPLING_INPUTS:  # pragma: no cover - fails at import 
         f"{sorted(SAMPLING_INPUTS - set(VLLM_SAMPLING))} (or a stale one for "
         f"{sorted(set(VLLM_SAMPLING) - SAMPLING_INPUTS)}): add it to VLLM_SAMPLING"
     )
+
+
+def structured_outputs(req: EngineRequest) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for the request's guide (``None`` without one);
+    preprocessing has checked and compiled the guide."""
+    if not req.guide_type:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kind = GuideType(req.guide_type)
+    if kind is GuideType.JSON:
+        return StructuredOutputsParams(json_object=True)
+    if kind is GuideType.JSON_SCHEMA:
+        return StructuredOutputsParams(json=json.loads(req.guide))
+    if kind is GuideType.REGEX:
+        return StructuredOutputsParams(regex=req.guide)
+    if kind is GuideType.CHOICE:
+        return StructuredOutputsParams(choice=list(json.loads(req.guide)))
+    return StructuredOutputsParams(grammar=req.guide)
 
 
 # How long EngineCore gets to exit on its own at shutdown before vLLM kills it.
@@ -189,6 +210,7 @@ class VllmAdapter(TokenizerAdapter):
             logprobs=0 if req.return_log_probs else None,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=structured_outputs(req),
             **mapped,
         )
 
