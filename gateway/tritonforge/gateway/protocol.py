@@ -130,10 +130,9 @@ _GUIDE_TYPES: Final[dict[contract.GuideType, Any]] = {
     contract.GuideType.JSON_SCHEMA: dict[str, Any] | str | None,
     contract.GuideType.CHOICE: list[str] | None,
 }
-_GuidedFields: Any = create_model(
-    "_GuidedFields", __base__=_SamplingFields,
-    **{name: (_GUIDE_TYPES.get(g.type, str | None), None) for name, g in _GUIDED.items()},  # type: ignore[misc]
-)
+_GUIDED_FIELDS: Final[dict[str, Any]] = {
+    name: (_GUIDE_TYPES.get(g.type, str | None), None) for name, g in _GUIDED.items()}
+_GuidedFields: Any = create_model("_GuidedFields", __base__=_SamplingFields, **_GUIDED_FIELDS)
 _BY_TYPE: Final = {g.type: g for g in contract.GUIDES}
 
 

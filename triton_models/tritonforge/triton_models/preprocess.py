@@ -201,7 +201,7 @@ def compile_guide(guide_type: str, guide: str) -> None:
         return  # json takes no guide; a choice list is fully checked by its structure
     import xgrammar
 
-    build = {contract.GuideType.JSON_SCHEMA.value: xgrammar.Grammar.from_json_schema,
+    build: Any = {contract.GuideType.JSON_SCHEMA.value: xgrammar.Grammar.from_json_schema,
              contract.GuideType.REGEX.value: xgrammar.Grammar.from_regex,
              contract.GuideType.EBNF_GRAMMAR.value: xgrammar.Grammar.from_ebnf}[guide_type]
     try:

@@ -24,7 +24,7 @@ from tritonforge.triton_models.engine.runner import (
 )
 from tritonforge.triton_models.errors import RequestError
 
-__all__ = ["VLLM_SAMPLING", "VllmAdapter", "structured_outputs"]
+__all__ = ["STRUCTURED_OUTPUTS_CONFIG", "VLLM_SAMPLING", "VllmAdapter", "structured_outputs"]
 
 # engine input -> vLLM SamplingParams field; None: accepted, deliberately not passed.
 VLLM_SAMPLING: Final[dict[str, str | None]] = {
@@ -49,9 +49,22 @@ if set(VLLM_SAMPLING) != SAMPLING_INPUTS:  # pragma: no cover - fails at import 
     )
 
 
+# vLLM's StructuredOutputsConfig unless the spec's vllm.engine_args set one: xgrammar, the
+# library preprocessing compiles every guide with (so what it accepts, the engine can build;
+# vLLM's "auto" would fall back to another backend), and JSON generated compact (which
+# vLLM allows with xgrammar or guidance only). With free whitespace (vLLM's default; in vLLM 0.32 the per-request
+# ``disable_any_whitespace`` is not read by its xgrammar backend, only this engine setting), a
+# small model sampling at temperature 1 was seen to spend its whole max_tokens on newlines and
+# spaces inside the object: 2 to 4 of 20 SmolLM2 samples left unfinished.
+STRUCTURED_OUTPUTS_CONFIG: Final[dict[str, Any]] = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
 def structured_outputs(req: EngineRequest) -> Any:
     """vLLM's ``StructuredOutputsParams`` for the request's guide (``None`` without one);
-    preprocessing has checked and compiled the guide."""
+    preprocessing has checked and compiled the guide.
+
+    (JSON whitespace is the engine's setting: see ``STRUCTURED_OUTPUTS_CONFIG``.)
+    """
     if not req.guide_type:
         return None
     from vllm.sampling_params import StructuredOutputsParams
@@ -147,7 +160,12 @@ class VllmAdapter(TokenizerAdapter):
         unknown = sorted(set(self.engine_args) - known)
         if unknown:
             raise ValueError(f"unknown vLLM engine arguments: {', '.join(unknown)}")
-        args = AsyncEngineArgs(model=self.model_path, **self.engine_args)
+        from vllm.config import StructuredOutputsConfig
+
+        kwargs = dict(self.engine_args)
+        so = kwargs.get("structured_outputs_config", STRUCTURED_OUTPUTS_CONFIG)
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**so) if isinstance(so, dict) else so
+        args = AsyncEngineArgs(model=self.model_path, **kwargs)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._report.logger_factory()])
         self.tokenizer = self.engine.get_tokenizer()
         if self.lora:
