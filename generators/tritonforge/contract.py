@@ -831,10 +831,32 @@ class Param(str, enum.Enum):
     ENGINE_DECOUPLED = "tritonforge_engine_decoupled"  # preprocessing: "true" if the engine streams
 
 
-def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:
+def _tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` (OpenAI's shape), checked."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list) or not calls:
+        raise ValueError(f"{where} must be a non-empty list of tool calls")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(call, dict) or set(call) - {"id", "type", "function"} or call.get("type", "function")
+                != "function" or not isinstance(call.get("id", ""), str) or not isinstance(fn, dict)
+                or set(fn) - {"name", "arguments"} or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("arguments"), str)):
+            raise ValueError(f'{where}[{j}] must be {{"id", "type": "function", "function": '
+                             '{"name": str, "arguments": JSON text}}')
+        out.append({"id": call.get("id", ""), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+    return out
+
+
+def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, Any]]:
     """Parse and check the ``messages`` JSON input; raise ``ValueError`` naming the problem.
 
     Shared by the preprocessing model and the clients so both accept exactly the same input.
+    Besides ``role``/``content``/``name``, an assistant message may carry ``tool_calls``
+    (its content may then be empty or null) and a tool message its ``tool_call_id``; both
+    go on to the chat template.
     """
     try:
         value: Any = json.loads(raw)
@@ -844,7 +866,7 @@ def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:
         raise ValueError("messages must be a non-empty JSON list of {role, content} objects")
     if len(value) > limits.max_messages:
         raise ValueError(f"messages has {len(value)} entries; at most {limits.max_messages} are allowed")
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for i, msg in enumerate(value):
         if not isinstance(msg, dict):
             raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
@@ -853,12 +875,25 @@ def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:
             raise ValueError(
                 f"messages[{i}].role must be one of {', '.join(limits.message_roles)}; got {role!r}"
             )
+        calls = msg.get("tool_calls")
+        if content is None and calls is not None:
+            content = ""
         if not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string")
-        extra = set(msg) - {"role", "content", "name"}
+        allowed = {"role", "content", "name"} | ({"tool_calls"} if role == "assistant" else set()) \
+            | ({"tool_call_id"} if role == "tool" else set())
+        extra = set(msg) - allowed
         if extra:
-            raise ValueError(f"messages[{i}] has unknown keys: {', '.join(sorted(extra))}")
-        out.append({"role": role, "content": content})
+            raise ValueError(f"messages[{i}] has unknown keys: {', '.join(sorted(extra))}"
+                             " (tool_calls go on assistant messages, tool_call_id on tool ones)")
+        one: dict[str, Any] = {"role": role, "content": content}
+        if calls is not None:
+            one["tool_calls"] = _tool_calls(i, calls)
+        if "tool_call_id" in msg:
+            if not isinstance(msg["tool_call_id"], str):
+                raise ValueError(f"messages[{i}].tool_call_id must be a string")
+            one["tool_call_id"] = msg["tool_call_id"]
+        out.append(one)
     return out
 
 

@@ -170,7 +170,8 @@ class _Generation:
     """The answer to one generation request, as an ASGI response (see the module docstring)."""
 
     def __init__(self, gw: _Gateway, endpoint: str, received: float, request: Request, model: str,
-                 stream: bool, include_usage: bool, guide_field: str | None = None) -> None:
+                 stream: bool, include_usage: bool, guide_field: str | None = None,
+                 calling: oai.ToolCalling | None = None) -> None:
         self.gw = gw
         self.endpoint = endpoint
         self.received = received
@@ -179,6 +180,7 @@ class _Generation:
         self.stream = stream
         self.include_usage = include_usage
         self.guide_field = guide_field
+        self.calling = calling
         self.rid = request.request_id or oai.new_id("cmpl")
         self.created = int(time.time())
         self.chat = endpoint == CHAT
@@ -225,10 +227,21 @@ class _Generation:
             pass
         c = s.completion
         self._count(c)
-        build = oai.chat_response if self.chat else oai.completion_response
-        await _send_json(send, 200, build(self.rid, self.created, self.model, c.text, c.finish_reason,
-                                          c.prompt_tokens, c.completion_tokens))
+        if self.chat:
+            body = oai.chat_response(self.rid, self.created, self.model, c.text, c.finish_reason,
+                                     c.prompt_tokens, c.completion_tokens, self._tool_calls(c))
+        else:
+            body = oai.completion_response(self.rid, self.created, self.model, c.text, c.finish_reason,
+                                           c.prompt_tokens, c.completion_tokens)
+        await _send_json(send, 200, body)
         return 200
+
+    def _tool_calls(self, c: Completion) -> list[dict[str, Any]] | None:
+        """The tool calls of a finished tool-calling generation (``None``: answer its text,
+        e.g. when ``max_tokens`` cut the JSON short)."""
+        if self.calling is None or c.finish_reason is not FinishReason.STOP:
+            return None
+        return self.calling.calls(c.text)
 
     async def _sse(self, s: AsyncStream, send: Send) -> int:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
@@ -243,7 +256,50 @@ class _Generation:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return status
 
+    async def _tool_events(self, s: AsyncStream) -> AsyncIterator[bytes]:
+        """A tool-calling chat stream: a named function's arguments streamed as deltas of
+        its one call; ``"required"`` calls sent once the list of them is complete."""
+        assert self.calling is not None
+        rid, created, model, usage_null = self.rid, self.created, self.model, self.include_usage
+        named = self.calling.named
+        call = {"id": oai.new_id("call"), "function": {"name": named}}
+        text: list[str] = []
+        first = True
+        async for chunk in s:
+            if not chunk.text:
+                continue
+            text.append(chunk.text)
+            if first:
+                first = False
+                self.gw.metrics.ttft.labels(self.endpoint).observe(time.perf_counter() - self.received)
+                yield _event(oai.chat_chunk(rid, created, model, {"role": "assistant", "content": None},
+                                            include_usage=usage_null))
+            if named is not None:
+                delta = oai.tool_call_delta(0, call if len(text) == 1 else None, chunk.text)
+                yield _event(oai.chat_chunk(rid, created, model, delta, include_usage=usage_null))
+        c = s.completion
+        self._count(c)
+        calls = self._tool_calls(c)
+        if named is None:
+            if calls is None:  # cut short: the text as it is
+                yield _event(oai.chat_chunk(rid, created, model, {"content": "".join(text)},
+                                            include_usage=usage_null))
+            for i, one in enumerate(calls or ()):
+                yield _event(oai.chat_chunk(rid, created, model,
+                                            oai.tool_call_delta(i, one, one["function"]["arguments"]),
+                                            include_usage=usage_null))
+        finish = "tool_calls" if calls is not None else c.finish_reason
+        yield _event(oai.chat_chunk(rid, created, model, {}, finish, include_usage=usage_null))
+        if self.include_usage:
+            yield _event(oai.usage_chunk("chat.completion.chunk", rid, created, model,
+                                         oai.usage(c.prompt_tokens, c.completion_tokens)))
+        yield _DONE
+
     async def _events(self, s: AsyncStream) -> AsyncIterator[bytes]:
+        if self.calling is not None:
+            async for piece in self._tool_events(s):
+                yield piece
+            return
         rid, created, model, usage_null = self.rid, self.created, self.model, self.include_usage
         first = True
         async for chunk in s:
@@ -311,8 +367,9 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         prefix = "chatcmpl" if endpoint == CHAT else "cmpl"
         req = body.to_request().replace(request_id=oai.new_id(prefix), stream=bool(body.stream))
         guide = body.guide()
+        calling = body.tool_calling() if isinstance(body, oai.ChatCompletionRequest) else None
         return _Generation(gw, endpoint, received, req, served, bool(body.stream), body.include_usage,
-                           guide[0] if guide else None)
+                           "tool_choice" if calling else guide[0] if guide else None, calling)
 
     async def chat(request: HttpRequest, received: float) -> _Generation:
         return await generation(CHAT, request, received)

@@ -10,8 +10,10 @@ contract (the same check the server runs), not restated here.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -26,6 +28,8 @@ __all__ = [
     "ErrorType",
     "ResponseFormat",
     "StreamOptions",
+    "ToolCalling",
+    "ToolDef",
     "chat_chunk",
     "chat_response",
     "completion_chunk",
@@ -35,6 +39,7 @@ __all__ = [
     "new_id",
     "openai_param",
     "parse",
+    "tool_call_delta",
     "usage",
     "usage_chunk",
 ]
@@ -216,11 +221,111 @@ class _Sampling(_GuidedFields):  # type: ignore[misc]
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+class FunctionDef(BaseModel):
+    """``tools[i].function``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    """One of ``tools``: ``{"type": "function", "function": {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class _NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: _NamedFunction
+
+
+_ANY_OBJECT: Final[dict[str, Any]] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    """A request that must answer with tool calls, enforced by structured outputs: a named
+    ``tool_choice`` generates that function's arguments (JSON valid for its parameters
+    schema), ``"required"`` a JSON list of one or more ``{"name", "arguments"}`` calls of
+    the request's tools. :meth:`calls` turns the generated text into OpenAI ``tool_calls``."""
+
+    tools: tuple[ToolDef, ...]
+    named: str | None  # the forced function; None: "required" (any of the tools)
+    parallel: bool = True
+
+    def schema(self) -> dict[str, Any]:
+        params = {t.function.name: t.function.parameters or _ANY_OBJECT for t in self.tools}
+        if self.named is not None:
+            return params[self.named]
+        calls = {"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
+             "required": ["name", "arguments"], "additionalProperties": False}
+            for name, schema in params.items()]}}
+        return {**calls, "maxItems": 1} if not self.parallel else calls
+
+    def calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The tool calls in a finished generation, or ``None`` when it is not complete
+        JSON (the generation was cut short by ``max_tokens``)."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        pairs = [(self.named, text)] if self.named is not None else [
+            (c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in value]
+        return [{"id": new_id("call"), "type": "function", "function": {"name": n, "arguments": a}}
+                for n, a in pairs]
+
+
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_calling(self) -> ToolCalling | None:
+        """How this request calls tools (``None``: it answers text); refused with a 400
+        naming the field where it cannot be honoured."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice not in (None, "none"):
+                raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+            return None
+        names = [t.function.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ApiError(400, "tools: function names must be unique", param="tools")
+        if choice == "none":
+            return None
+        if choice is None or choice == "auto":
+            raise ApiError(
+                400, 'tool_choice "auto" (the default with tools) needs a tool-call parser for the '
+                "model's chat template, which this gateway does not have: send tool_choice "
+                '"required" or {"type": "function", "function": {"name": ...}} (enforced with '
+                'structured outputs), or "none"', param="tool_choice")
+        if self.guide() is not None:
+            raise ApiError(400, "tools are answered with structured outputs: leave out "
+                           f"{self.guide()[0]}", param="tool_choice")  # type: ignore[index]
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in names:
+                raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not one of "
+                               f"tools ({', '.join(names)})", param="tool_choice")
+            return ToolCalling(tuple(self.tools), choice.function.name)
+        return ToolCalling(tuple(self.tools), None, self.parallel_tool_calls is not False)
 
     def to_request(self) -> Request:
         self._refuse_unsupported()
@@ -229,12 +334,16 @@ class ChatCompletionRequest(_Sampling):
             raise ApiError(400, "give max_completion_tokens or max_tokens, not both",
                            param="max_completion_tokens")
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return Request(messages=[_message(i, m) for i, m in enumerate(self.messages)],
-                       **self._sampling(limit))
+        sampling = self._sampling(limit)
+        if (calling := self.tool_calling()) is not None:
+            sampling["json_schema"] = calling.schema()
+        return Request(messages=[_message(i, m) for i, m in enumerate(self.messages)], **sampling)
 
 
-def _message(index: int, msg: dict[str, Any]) -> dict[str, str]:
-    """One chat message with its content as plain text (text parts are joined)."""
+def _message(index: int, msg: dict[str, Any]) -> dict[str, Any]:
+    """One chat message with its content as plain text (text parts are joined); an
+    assistant's ``tool_calls`` and a tool message's ``tool_call_id`` go on to the server's
+    chat template (``contract.parse_messages`` checks them)."""
     content = msg.get("content")
     if isinstance(content, list):
         texts = []
@@ -246,9 +355,10 @@ def _message(index: int, msg: dict[str, Any]) -> dict[str, str]:
         content = "".join(texts)
     elif content is None:
         content = ""
-    out: dict[str, str] = {"role": msg.get("role"), "content": content}  # type: ignore[dict-item]
-    if isinstance(msg.get("name"), str):
-        out["name"] = msg["name"]
+    out: dict[str, Any] = {"role": msg.get("role"), "content": content}
+    for key in ("name", "tool_calls", "tool_call_id"):
+        if msg.get(key) is not None:
+            out[key] = msg[key]
     return out
 
 
@@ -304,7 +414,11 @@ def _finish(reason: FinishReason) -> str | None:
 
 
 def chat_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
-                  prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+                  prompt_tokens: int, completion_tokens: int,
+                  tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls is not None:
+        message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
     return {
         "id": rid,
         "object": "chat.completion",
@@ -312,16 +426,16 @@ def chat_response(rid: str, created: int, model: str, text: str, finish: FinishR
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": None,
-            "finish_reason": _finish(finish),
+            "finish_reason": "tool_calls" if tool_calls is not None else _finish(finish),
         }],
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
-def chat_chunk(rid: str, created: int, model: str, delta: dict[str, str], finish: FinishReason | None = None,
-               *, include_usage: bool = False) -> dict[str, Any]:
+def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
+               finish: FinishReason | str | None = None, *, include_usage: bool = False) -> dict[str, Any]:
     """One ``chat.completion.chunk`` (``usage: null`` on each when usage comes last)."""
     out: dict[str, Any] = {
         "id": rid,
@@ -332,12 +446,22 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict[str, str], finish
             "index": 0,
             "delta": delta,
             "logprobs": None,
-            "finish_reason": None if finish is None else _finish(finish),
+            "finish_reason": _finish(finish) if isinstance(finish, FinishReason) else finish,
         }],
     }
     if include_usage:
         out["usage"] = None
     return out
+
+
+def tool_call_delta(index: int, call: dict[str, Any] | None = None, arguments: str = "") -> dict[str, Any]:
+    """A chat chunk's delta carrying tool call ``index``: its id, type and name with the
+    first piece (``call``), only the next piece of its arguments after."""
+    piece: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
+    if call is not None:
+        piece.update(id=call["id"], type="function",
+                     function={"name": call["function"]["name"], "arguments": arguments})
+    return {"tool_calls": [piece]}
 
 
 def usage_chunk(obj: str, rid: str, created: int, model: str, use: dict[str, int]) -> dict[str, Any]:

@@ -212,6 +212,18 @@ def compile_guide(guide_type: str, guide: str) -> None:
                            param=contract.GUIDE_INPUT) from None
 
 
+def _calls_as_content(message: dict[str, Any]) -> dict[str, Any]:
+    """For a chat template that does not render an assistant's ``tool_calls`` (it would drop
+    them): the message with its calls written into its content, as JSON."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    text = json.dumps([{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                       for c in calls], ensure_ascii=False)
+    content = f"{message['content']}\n{text}" if message["content"] else text
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
+
+
 class Preprocessor:
     def __init__(self, settings: PreprocessSettings, tokenizer: Any) -> None:
         self.settings = settings
@@ -372,10 +384,13 @@ class Preprocessor:
                                param="lora_name")
         return adapters[name]
 
-    def _chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        if getattr(self.tokenizer, "chat_template", None) is None:
+    def _chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        template = getattr(self.tokenizer, "chat_template", None)
+        if template is None:
             raise RequestError("this model has no chat template: send text_input instead of messages",
                                param="messages")
+        if "tool_calls" not in str(template):
+            messages = [_calls_as_content(m) for m in messages]
         try:
             rendered = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False
