@@ -33,7 +33,7 @@ def test_every_row_derives_its_tensors() -> None:
             assert p.engine_name in engine
             assert C.pre_output(p.engine_name) in {t.name for t in C.PREPROCESSING_OUTPUTS}
     # every engine input is fed by a row, or is the engine's own
-    own = {"input_ids", "input_lengths", "return_log_probs", "stop", "embedding_bias"}
+    own = {"input_ids", "input_lengths", "stop", "embedding_bias"}
     assert set(engine) - own == {p.engine_name for p in C.REQUEST_PARAMETERS if p.engine_name}
 
 

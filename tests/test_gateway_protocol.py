@@ -66,7 +66,7 @@ def test_completion_maps_prompt_and_ignore_eos() -> None:
 
 @pytest.mark.parametrize(("kind", "body", "param"), [
     (oai.ChatCompletionRequest, {"messages": CHAT, "n": 2}, "n"),
-    (oai.ChatCompletionRequest, {"messages": CHAT, "logprobs": True}, "logprobs"),
+    (oai.ChatCompletionRequest, {"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),  # needs logprobs
     (oai.ChatCompletionRequest, {"messages": CHAT, "max_tokens": 3, "max_completion_tokens": 4},
      "max_completion_tokens"),
     (oai.ChatCompletionRequest, {"messages": CHAT, "ignore_eos": True}, "ignore_eos"),

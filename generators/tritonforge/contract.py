@@ -338,6 +338,10 @@ def _num_text(v: float) -> str:
 
 _I32: Final = 2**31 - 1
 _VLLM_ONLY: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})
+_OWN_ENGINES: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})  # tritonforge's engine model
+_LOGPROBS_UNSUPPORTED: Final = (
+    "tritonforge's postprocessing passes on log-probabilities from its own engine models only "
+    "so far, not yet the C++ backend's output_log_probs")
 _GUIDES_UNSUPPORTED: Final = (
     "tritonforge passes structured-output guides to its vLLM engine model only so far "
     "(TensorRT-LLM needs guided_decoding_backend: xgrammar and its tokenizer info)")
@@ -401,6 +405,15 @@ REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
                  default=True, spec_default=True),
     RequestParam("lora_name", DType.STRING, "Name of a LoRA adapter from the spec.", kind="adapter",
                  engine="lora_task_id", engine_dtype=DType.UINT64, requires="lora"),
+    RequestParam("return_log_probs", DType.BOOL,
+                 "Return the log-probability of each generated token (output_log_probs).",
+                 default=False, client="logprobs", engines=_OWN_ENGINES,
+                 why_unsupported=_LOGPROBS_UNSUPPORTED),
+    RequestParam("top_logprobs", DType.INT32,
+                 "With return_log_probs: also this many most likely tokens at each position "
+                 "(output_top_log_probs); 0: none.",
+                 default=0, low=0, high=20, client="top_logprobs", engines=frozenset({EngineKind.VLLM}),
+                 why_unsupported="only the vLLM engine model returns the most likely alternatives"),
     RequestParam("guided_decoding_guide_type", DType.STRING,
                  "Structured output: what guided_decoding_guide is -- json (any JSON object; no "
                  "guide), json_schema, regex, choice or ebnf_grammar; empty: unconstrained.",
@@ -641,6 +654,12 @@ ENSEMBLE_OUTPUTS: Final[tuple[Tensor, ...]] = (
            'Empty while streaming; "stop", "length" or "cancelled" on the last response.'),
     Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
     Tensor("num_output_tokens", DType.INT32, (1,), False, "Tokens carried by this response."),
+    Tensor("output_log_probs", DType.FP32, (-1,), False,
+           "With return_log_probs: the log-probability of each token of this response; else empty."),
+    Tensor("output_top_log_probs", DType.STRING, (1,), False,
+           'With return_log_probs: JSON, one entry per token of this response, '
+           '{"token": its text, "top": [[text, log-probability], ...]} (top_logprobs of '
+           'them, most likely first); else empty.'),
 )
 
 # ----------------------------------------------------------------------------------------
@@ -651,7 +670,6 @@ _ENGINE_CORE_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("input_lengths", DType.INT32, (1,), False, "Number of prompt tokens."),
 )
 _ENGINE_CONTROL_INPUTS: Final[tuple[Tensor, ...]] = (
-    Tensor("return_log_probs", DType.BOOL, (1,), True),
     Tensor("stop", DType.BOOL, (1,), True, "Cancel the live request with this request id."),
     Tensor("embedding_bias", DType.FP32, (-1,), True),
 )
@@ -699,6 +717,9 @@ ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("error", DType.STRING, (1,), False,
            "Empty, or on a last response with finish_reason 'error': the tagged error "
            "(format_error) of a request that failed after it had streamed."),
+    Tensor("top_log_probs", DType.STRING, (1,), False,
+           "With top_logprobs > 0: JSON, per token of output_ids, its [[token id, "
+           "log-probability], ...] most likely first; else empty."),
 )
 
 # Why a request that has already streamed fails in-band (a final response carrying
@@ -790,6 +811,8 @@ POSTPROCESSING_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("engine_num_input_tokens", DType.INT32, (1,), True),
     Tensor("engine_request_key", DType.UINT64, (1,), True),
     Tensor("engine_error", DType.STRING, (1,), True),
+    Tensor("engine_output_log_probs", DType.FP32, (-1, -1), True),
+    Tensor("engine_top_log_probs", DType.STRING, (1,), True),
 )
 POSTPROCESSING_OUTPUTS: Final[tuple[Tensor, ...]] = ENSEMBLE_OUTPUTS
 
@@ -804,6 +827,8 @@ POSTPROCESSING_SOURCES: Final[dict[str, tuple[str, str]]] = {
     "engine_num_input_tokens": ("engine", "num_input_tokens"),
     "engine_request_key": ("engine", "request_key"),
     "engine_error": ("engine", "error"),
+    "engine_output_log_probs": ("engine", "output_log_probs"),
+    "engine_top_log_probs": ("engine", "top_log_probs"),
 }
 
 

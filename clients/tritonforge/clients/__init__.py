@@ -24,6 +24,7 @@ from tritonforge.clients._models import (
     Message,
     Request,
     RequestOverrides,
+    TokenLogprob,
     UseClientDefault,
 )
 from tritonforge.clients.exceptions import (
@@ -63,6 +64,7 @@ __all__ = [
     "ProtocolError",
     "Request",
     "RequestOverrides",
+    "TokenLogprob",
     "ServerError",
     "ServerUnavailable",
     "Stream",

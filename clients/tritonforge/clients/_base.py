@@ -17,6 +17,7 @@ from tritonforge.clients._models import (
     USE_CLIENT_DEFAULT,
     Chunk,
     Completion,
+    TokenLogprob,
     Request,
     RequestOverrides,
     TimeoutTypes,
@@ -139,6 +140,7 @@ class Recorder:
         self._first: float | None = None
         self._last: float | None = None
         self._gaps: list[float] = []
+        self._logprobs: list[TokenLogprob] = []
         self._index = 0
         self._end: float | None = None
 
@@ -179,7 +181,9 @@ class Recorder:
             self._last = now
             self._parts.append(event.text)
             self._tokens += event.tokens
-        chunk = Chunk(event.text, event.tokens, self._index, now - self.sent, event.finish_reason)
+        self._logprobs.extend(event.logprobs)
+        chunk = Chunk(event.text, event.tokens, self._index, now - self.sent, event.finish_reason,
+                      event.logprobs)
         self._index += 1
         return chunk
 
@@ -204,6 +208,7 @@ class Recorder:
             chunks=self._index,
             model=self.model,
             request_id=self.request.request_id,
+            logprobs=tuple(self._logprobs),
         )
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "Message",
     "Request",
     "RequestOverrides",
+    "TokenLogprob",
     "TimeoutTypes",
     "UseClientDefault",
 ]
@@ -71,7 +72,8 @@ class Request:
     server's defaults (from the deployment spec) apply. At most one structured-output field
     is given: ``json_schema`` (a dict or its JSON text), ``regex`` (matched in full),
     ``choice`` (a list of strings), ``grammar`` (EBNF) or ``json_object=True`` (any JSON
-    object). ``timeout`` is the whole request's deadline in seconds: ``USE_CLIENT_DEFAULT``
+    object). ``logprobs=True`` returns each token's log-probability (``Chunk.logprobs``,
+    ``Completion.logprobs``), ``top_logprobs=k`` also the k most likely tokens at each. ``timeout`` is the whole request's deadline in seconds: ``USE_CLIENT_DEFAULT``
     takes the client's, ``None`` means none.
     """
 
@@ -89,6 +91,8 @@ class Request:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     json_schema: Mapping[str, Any] | str | None = None
     regex: str | None = None
     choice: Sequence[str] | None = None
@@ -211,6 +215,8 @@ class RequestOverrides(TypedDict, total=False):
     presence_penalty: float | None
     frequency_penalty: float | None
     repetition_penalty: float | None
+    logprobs: bool | None
+    top_logprobs: int | None
     json_schema: Mapping[str, Any] | str | None
     regex: str | None
     choice: Sequence[str] | None
@@ -230,6 +236,17 @@ if _fields != set(REQUEST_TENSORS) | set(GUIDE_FIELDS) or set(RequestOverrides._
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token with its log-probability (``Request(logprobs=True)``) and, with
+    ``top_logprobs=k``, the k most likely tokens at its position as ``(text, logprob)``,
+    most likely first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Chunk:
     """One streamed response.
 
@@ -244,6 +261,7 @@ class Chunk:
     index: int
     arrival: float
     finish_reason: contract.FinishReason = contract.FinishReason.NONE
+    logprobs: tuple[TokenLogprob, ...] = ()  # of this chunk's tokens, when asked for
 
 
 @dataclass(frozen=True)
@@ -269,6 +287,7 @@ class Completion:
     chunks: int
     model: str
     request_id: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # of every generated token, when asked for
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``finish_reason`` as its string value)."""

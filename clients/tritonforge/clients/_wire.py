@@ -28,6 +28,8 @@ from tritonforge.clients.exceptions import (
     TritonForgeError,
 )
 
+from tritonforge.clients._models import TokenLogprob
+
 if TYPE_CHECKING:
     from tritonforge.clients._models import Request
 
@@ -53,6 +55,8 @@ OUTPUT_TEXT: Final = _OUT["text_output"].name
 OUTPUT_FINISH: Final = _OUT["finish_reason"].name
 OUTPUT_PROMPT_TOKENS: Final = _OUT["num_input_tokens"].name
 OUTPUT_TOKENS: Final = _OUT["num_output_tokens"].name
+OUTPUT_LOG_PROBS: Final = _OUT["output_log_probs"].name
+OUTPUT_TOP_LOG_PROBS: Final = _OUT["output_top_log_probs"].name
 
 # struct format letter per fixed-size wire type.
 _STRUCT: Final[dict[str, str]] = {
@@ -75,6 +79,7 @@ class Event:
     prompt_tokens: int | None
     finish_reason: contract.FinishReason
     final: bool
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 # ----------------------------------------------------------------------------------------
@@ -263,7 +268,25 @@ def _event(values: dict[str, list[Any]], *, final: bool) -> Event:
         prompt_tokens=int(prompt[0]) if prompt else None,
         finish_reason=reason,
         final=final,
+        logprobs=_logprobs(values),
     )
+
+
+def _logprobs(values: dict[str, list[Any]]) -> tuple[TokenLogprob, ...]:
+    """The tokens' log-probabilities of one response (``output_log_probs`` with the texts
+    and alternatives of ``output_top_log_probs``); () when not asked for."""
+    lps = values.get(OUTPUT_LOG_PROBS) or []
+    raw = _text(values[OUTPUT_TOP_LOG_PROBS][0]) if values.get(OUTPUT_TOP_LOG_PROBS) else ""
+    if not lps:
+        return ()
+    try:
+        detail = json.loads(raw) if raw else []
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"{OUTPUT_TOP_LOG_PROBS} is not JSON: {raw[:200]!r}") from exc
+    if len(detail) != len(lps):
+        raise ProtocolError(f"{OUTPUT_LOG_PROBS} has {len(lps)} values for {len(detail)} tokens")
+    return tuple(TokenLogprob(str(d["token"]), float(lp), tuple((str(t), float(v)) for t, v in d["top"]))
+                 for lp, d in zip(lps, detail))
 
 
 # The transport's status class where there is one (gRPC code / HTTP status); ``None``

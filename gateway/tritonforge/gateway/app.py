@@ -227,12 +227,15 @@ class _Generation:
             pass
         c = s.completion
         self._count(c)
+        asked = bool(self.request.logprobs)
         if self.chat:
             body = oai.chat_response(self.rid, self.created, self.model, c.text, c.finish_reason,
-                                     c.prompt_tokens, c.completion_tokens, self._tool_calls(c))
+                                     c.prompt_tokens, c.completion_tokens, self._tool_calls(c),
+                                     oai.chat_logprobs(c.logprobs) if asked else None)
         else:
             body = oai.completion_response(self.rid, self.created, self.model, c.text, c.finish_reason,
-                                           c.prompt_tokens, c.completion_tokens)
+                                           c.prompt_tokens, c.completion_tokens,
+                                           oai.completion_logprobs(c.logprobs) if asked else None)
         await _send_json(send, 200, body)
         return 200
 
@@ -301,10 +304,12 @@ class _Generation:
                 yield piece
             return
         rid, created, model, usage_null = self.rid, self.created, self.model, self.include_usage
+        asked = bool(self.request.logprobs)
         first = True
+        offset = 0  # characters streamed so far (completions' text_offset)
         async for chunk in s:
             finish = chunk.finish_reason if chunk.finish_reason is not FinishReason.NONE else None
-            if not chunk.text and finish is None:
+            if not chunk.text and finish is None and not chunk.logprobs:
                 continue  # tokens that do not make a whole character yet
             if first:
                 first = False
@@ -314,10 +319,13 @@ class _Generation:
                                                 include_usage=usage_null))
             if self.chat:
                 delta = {"content": chunk.text} if chunk.text else {}
-                yield _event(oai.chat_chunk(rid, created, model, delta, finish, include_usage=usage_null))
+                yield _event(oai.chat_chunk(rid, created, model, delta, finish, include_usage=usage_null,
+                                            logprobs=oai.chat_logprobs(chunk.logprobs) if asked else None))
             else:
-                yield _event(oai.completion_chunk(rid, created, model, chunk.text, finish,
-                                                  include_usage=usage_null))
+                yield _event(oai.completion_chunk(
+                    rid, created, model, chunk.text, finish, include_usage=usage_null,
+                    logprobs=oai.completion_logprobs(chunk.logprobs, offset) if asked else None))
+            offset += len(chunk.text)
         c = s.completion
         self._count(c)
         if self.include_usage:

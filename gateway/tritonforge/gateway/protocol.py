@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from tritonforge import contract
-from tritonforge.clients import FinishReason, Request
+from tritonforge.clients import FinishReason, Request, TokenLogprob
 
 __all__ = [
     "ApiError",
@@ -162,14 +163,11 @@ class _Sampling(_GuidedFields):  # type: ignore[misc]
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: Any = None
     ignore_eos: bool = False  # vLLM's extension (its benchmark client sends it)
 
     def _refuse_unsupported(self) -> None:
         if self.n is not None and self.n != 1:
             raise ApiError(400, f"n must be 1 (one choice per request); got {self.n}", param="n")
-        if self.logprobs not in (None, False, 0):
-            raise ApiError(400, "logprobs are not supported by this server", param="logprobs")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
@@ -294,6 +292,8 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -335,6 +335,10 @@ class ChatCompletionRequest(_Sampling):
                            param="max_completion_tokens")
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         sampling = self._sampling(limit)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.logprobs:
+            sampling.update(logprobs=True, top_logprobs=self.top_logprobs)
         if (calling := self.tool_calling()) is not None:
             sampling["json_schema"] = calling.schema()
         return Request(messages=[_message(i, m) for i, m in enumerate(self.messages)], **sampling)
@@ -366,6 +370,7 @@ class CompletionRequest(_Sampling):
     """``POST /v1/completions`` (one text prompt)."""
 
     prompt: str | list[str] | list[int]
+    logprobs: int | None = None  # the number of most likely tokens per position (0: the chosen only)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -384,7 +389,10 @@ class CompletionRequest(_Sampling):
                 raise ApiError(400, "prompt must be one string (batches and token ids are not supported)",
                                param="prompt")
             prompt = prompt[0]
-        return Request(prompt=prompt, **self._sampling(self.max_tokens))
+        sampling = self._sampling(self.max_tokens)
+        if self.logprobs is not None:
+            sampling.update(logprobs=True, top_logprobs=self.logprobs)
+        return Request(prompt=prompt, **sampling)
 
 
 def parse(model: type[_Sampling], body: Any) -> Any:
@@ -413,9 +421,31 @@ def _finish(reason: FinishReason) -> str | None:
     return reason.value or None
 
 
+def _token(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    return {"content": [{**_token(t.token, t.logprob), "top_logprobs": [_token(a, v) for a, v in t.top]}
+                        for t in tokens], "refusal": None}
+
+
+def completion_logprobs(tokens: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A completion choice's (legacy) ``logprobs``: tokens, token_logprobs, top_logprobs and
+    text_offset (from ``offset``, the characters before these tokens)."""
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}
+
+
 def chat_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
                   prompt_tokens: int, completion_tokens: int,
-                  tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                  tool_calls: list[dict[str, Any]] | None = None,
+                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls is not None:
         message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
@@ -427,7 +457,7 @@ def chat_response(rid: str, created: int, model: str, text: str, finish: FinishR
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": "tool_calls" if tool_calls is not None else _finish(finish),
         }],
         "usage": usage(prompt_tokens, completion_tokens),
@@ -435,7 +465,8 @@ def chat_response(rid: str, created: int, model: str, text: str, finish: FinishR
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
-               finish: FinishReason | str | None = None, *, include_usage: bool = False) -> dict[str, Any]:
+               finish: FinishReason | str | None = None, *, include_usage: bool = False,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One ``chat.completion.chunk`` (``usage: null`` on each when usage comes last)."""
     out: dict[str, Any] = {
         "id": rid,
@@ -445,7 +476,7 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
         "choices": [{
             "index": 0,
             "delta": delta,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": _finish(finish) if isinstance(finish, FinishReason) else finish,
         }],
     }
@@ -470,19 +501,20 @@ def usage_chunk(obj: str, rid: str, created: int, model: str, use: dict[str, int
 
 
 def completion_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
-                        prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+                        prompt_tokens: int, completion_tokens: int,
+                        logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish)}],
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": _finish(finish)}],
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: FinishReason | None = None,
-                     *, include_usage: bool = False) -> dict[str, Any]:
+                     *, include_usage: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
@@ -491,7 +523,7 @@ def completion_chunk(rid: str, created: int, model: str, text: str, finish: Fini
         "choices": [{
             "index": 0,
             "text": text,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": None if finish is None else _finish(finish),
         }],
     }

@@ -361,8 +361,8 @@ class Preprocessor:
         if min_tokens > max_tokens:
             raise RequestError(f"min_tokens ({min_tokens}) must be <= max_tokens ({max_tokens})",
                                param="min_tokens")
-        filled = {**{p.name: p.default for p in REQUEST_PARAMETERS if p.kind == "text"},
-                  **d, **values, "max_tokens": max_tokens, "min_tokens": min_tokens}
+        fixed = {p.name: p.default for p in REQUEST_PARAMETERS if p.default is not None and not p.spec_default}
+        filled = {**fixed, **d, **values, "max_tokens": max_tokens, "min_tokens": min_tokens}
         filled.setdefault("end_id", self.end_id)
         filled.setdefault("pad_id", self.pad_id)
         if filled.get("seed") is None:

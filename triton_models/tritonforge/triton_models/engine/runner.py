@@ -78,6 +78,7 @@ class Delta:
     token_ids: list[int]
     logprobs: list[float] | None = None  # the log-probability of each token, when asked for
     finish: str | None = None  # None while running; "stop", "length" or "abort" at the end
+    top: list[list[tuple[int, float]]] | None = None  # per token: its alternatives (top_logprobs)
 
 
 class TokenizerAdapter:
@@ -465,7 +466,23 @@ class EngineRunner:
         n_in = len(req.input_ids)
         eos = self.adapter.eos_token_id
         pending: list[int] = list(req.input_ids) if not req.exclude_input_in_output else []
+        # Log-probabilities (and alternatives) of the tokens in ``pending``, and of the tokens
+        # the stop matcher holds back, in order: a held token's go out with it, a stop word's
+        # are dropped with it.
         pending_lp: list[float] = [0.0] * len(pending)
+        pending_top: list[list[tuple[int, float]]] = [[] for _ in pending]
+        held_lp: list[float] = []
+        held_top: list[list[tuple[int, float]]] = []
+
+        def release(n: int) -> None:
+            pending_lp.extend(held_lp[:n])
+            pending_top.extend(held_top[:n])
+            del held_lp[:n], held_top[:n]
+
+        def outputs(final_reason: str) -> dict[str, np.ndarray]:
+            asked = req.return_log_probs
+            return engine_outputs(pending, final_reason, n_in, pending_lp if asked else None, key,
+                                  top=pending_top if asked and req.top_logprobs else None)
         streamed = False  # whether a response has gone out (then failures are answered in-band)
         try:
             if self._draining or self._dead:
@@ -495,26 +512,29 @@ class EngineRunner:
                     new = new[:-1]  # the C++ backend does not return end_id either
                 elif delta.finish == "stop" and new and new[-1] == eos:
                     new = new[:-1]
+                if req.return_log_probs:
+                    held_lp.extend((lps + [0.0] * len(new))[: len(new)])
+                    held_top.extend((list(delta.top or ()) + [[]] * len(new))[: len(new)])
                 emit, stopped = stopper.feed(new)
                 if self.cpp_outputs:
                     emit = new  # the C++ backend returns the stop word too
                 pending.extend(emit)
-                if req.return_log_probs:
-                    pending_lp.extend(lps[: len(emit)])
+                release(len(emit))
                 if stopped:
                     finish = FinishReason.STOP.value
                     await self._abort(engine_id)
                     break
                 if delta.finish is not None:
                     if not self.cpp_outputs:  # (cpp_outputs sent what the matcher held already)
-                        pending.extend(stopper.flush())
+                        flushed = stopper.flush()
+                        pending.extend(flushed)
+                        release(len(flushed))
                     finish = {"length": FinishReason.LENGTH.value,
                               "abort": FinishReason.CANCELLED.value}.get(delta.finish, FinishReason.STOP.value)
                     break
                 if req.streaming and pending and (self.cpp_outputs or self._complete_text(pending)):
-                    responder.send(engine_outputs(pending, "", n_in, pending_lp if req.return_log_probs else None,
-                                                  key), final=False)
-                    pending, pending_lp = [], []
+                    responder.send(outputs(""), final=False)
+                    del pending[:], pending_lp[:], pending_top[:]
                     streamed = True
             if live.cancelled:
                 await self._abort(engine_id)
@@ -523,8 +543,7 @@ class EngineRunner:
             else:
                 if not finish:
                     finish = FinishReason.LENGTH.value if generated >= req.max_tokens else FinishReason.STOP.value
-                responder.send(engine_outputs(pending, finish, n_in, pending_lp if req.return_log_probs else None,
-                                              key), final=True)
+                responder.send(outputs(finish), final=True)
         except ModelError as exc:
             finish = "error"
             self._fail(responder, exc.kind, str(exc), exc.param, streamed=streamed, key=key, n_in=n_in)

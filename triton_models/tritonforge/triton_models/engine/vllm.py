@@ -225,7 +225,7 @@ class VllmAdapter(TokenizerAdapter):
             max_tokens=req.max_tokens,
             stop_token_ids=stop_ids or None,
             bad_words=bad,
-            logprobs=0 if req.return_log_probs else None,
+            logprobs=req.top_logprobs if req.return_log_probs else None,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
             structured_outputs=structured_outputs(req),
@@ -254,12 +254,18 @@ class VllmAdapter(TokenizerAdapter):
             comp = out.outputs[0]
             new = [int(t) for t in comp.token_ids]
             lps: list[float] | None = None
+            top: list[list[tuple[int, float]]] | None = None
             if req.return_log_probs and comp.logprobs:
-                lps = []
+                # vLLM's entry per token: {token id: Logprob(logprob, rank, ...)}, the sampled
+                # token and the top_logprobs most likely ones (ranks 1..k)
+                lps, top = [], []
                 for tok, entry in zip(new, comp.logprobs):
                     lp = entry.get(tok) if entry else None
                     lps.append(float(lp.logprob) if lp is not None else 0.0)
-            yield Delta(new, lps, comp.finish_reason)
+                    ranked = sorted((v.rank, int(t), float(v.logprob)) for t, v in (entry or {}).items()
+                                    if v.rank is not None and v.rank <= req.top_logprobs)
+                    top.append([(t, lp_) for _, t, lp_ in ranked])
+            yield Delta(new, lps, comp.finish_reason, top if req.top_logprobs else None)
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
