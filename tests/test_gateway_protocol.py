@@ -65,7 +65,8 @@ def test_completion_maps_prompt_and_ignore_eos() -> None:
 
 
 @pytest.mark.parametrize(("kind", "body", "param"), [
-    (oai.ChatCompletionRequest, {"messages": CHAT, "n": 2}, "n"),
+    (oai.ChatCompletionRequest, {"messages": CHAT, "n": 2, "tool_choice": "required",
+                                 "tools": [{"type": "function", "function": {"name": "f"}}]}, "n"),
     (oai.ChatCompletionRequest, {"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),  # needs logprobs
     (oai.ChatCompletionRequest, {"messages": CHAT, "max_tokens": 3, "max_completion_tokens": 4},
      "max_completion_tokens"),
@@ -142,8 +143,9 @@ def test_bad_bodies_are_400(client: TestClient) -> None:
     err = _error(client.post("/v1/completions", content=b"{not json"), 400)
     assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
     _error(client.post("/v1/completions", json=[1, 2]), 400)
-    err = _error(client.post("/v1/chat/completions", json={"model": "m", "messages": CHAT, "n": 3}), 400)
-    assert err["param"] == "n"
+    err = _error(client.post("/v1/chat/completions", json={"model": "m", "messages": CHAT,
+                                                           "tool_choice": "required"}), 400)
+    assert err["param"] == "tool_choice"
 
 
 def test_unknown_model_is_404(client: TestClient) -> None:

@@ -7,6 +7,7 @@ OpenAI gateway (official ``openai`` SDK: completions ``logprobs``, chat ``logpro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,3 +111,19 @@ def test_gateway_logprobs_equal_vllm_offline(sdk: openai.OpenAI, triton_server: 
         assert tokens is not None
         assert all(bytes(t.bytes or []) == t.token.encode() for t in tokens)
         _same([(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs]) for t in tokens], want_chat)
+
+
+def test_sync_model_generate_returns_the_same_logprobs(triton_server: Any, vllm_oracle: Any,
+                                                      tokenizer: Any) -> None:
+    """HTTP ``generate`` on the non-decoupled ``_sync`` twin joins the ensemble's responses:
+    its log-probabilities too."""
+    import httpx
+
+    want = _oracle(vllm_oracle, tokenizer, PROMPT)
+    body = {"text_input": PROMPT, "max_tokens": MAX, "temperature": 0.0, "return_log_probs": True,
+            "top_logprobs": TOP}
+    reply = httpx.post(f"http://{triton_server.http_url}/v2/models/{triton_server.model}_sync/generate",
+                       json=body, timeout=300).json()
+    detail = json.loads(reply["output_top_log_probs"])
+    got = [(d["token"], lp, [(t, v) for t, v in d["top"]]) for lp, d in zip(reply["output_log_probs"], detail)]
+    _same(got, want)

@@ -405,6 +405,11 @@ REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
                  default=True, spec_default=True),
     RequestParam("lora_name", DType.STRING, "Name of a LoRA adapter from the spec.", kind="adapter",
                  engine="lora_task_id", engine_dtype=DType.UINT64, requires="lora"),
+    RequestParam("num_return_sequences", DType.INT32,
+                 "Independent sequences to generate for the prompt (OpenAI n); each response "
+                 "carries its sequence_index. Streaming ensemble only.",
+                 default=1, low=1, high=16, client="n", engines=frozenset({EngineKind.VLLM}),
+                 why_unsupported="tritonforge passes num_return_sequences to its vLLM engine model only so far"),
     RequestParam("return_log_probs", DType.BOOL,
                  "Return the log-probability of each generated token (output_log_probs).",
                  default=False, client="logprobs", engines=_OWN_ENGINES,
@@ -654,6 +659,9 @@ ENSEMBLE_OUTPUTS: Final[tuple[Tensor, ...]] = (
            'Empty while streaming; "stop", "length" or "cancelled" on the last response.'),
     Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
     Tensor("num_output_tokens", DType.INT32, (1,), False, "Tokens carried by this response."),
+    Tensor("sequence_index", DType.INT32, (1,), False,
+           "Which of the num_return_sequences sequences (from 0) this response carries; each "
+           "sequence's last response has its finish_reason."),
     Tensor("output_log_probs", DType.FP32, (-1,), False,
            "With return_log_probs: the log-probability of each token of this response; else empty."),
     Tensor("output_top_log_probs", DType.STRING, (1,), False,
@@ -717,6 +725,8 @@ ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("error", DType.STRING, (1,), False,
            "Empty, or on a last response with finish_reason 'error': the tagged error "
            "(format_error) of a request that failed after it had streamed."),
+    Tensor("sequence_index", DType.INT32, (1,), False,
+           "Which of num_return_sequences this response carries (TensorRT-LLM's output name)."),
     Tensor("top_log_probs", DType.STRING, (1,), False,
            "With top_logprobs > 0: JSON, per token of output_ids, its [[token id, "
            "log-probability], ...] most likely first; else empty."),
@@ -813,6 +823,7 @@ POSTPROCESSING_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("engine_error", DType.STRING, (1,), True),
     Tensor("engine_output_log_probs", DType.FP32, (-1, -1), True),
     Tensor("engine_top_log_probs", DType.STRING, (1,), True),
+    Tensor("engine_sequence_index", DType.INT32, (1,), True),
 )
 POSTPROCESSING_OUTPUTS: Final[tuple[Tensor, ...]] = ENSEMBLE_OUTPUTS
 
@@ -829,6 +840,7 @@ POSTPROCESSING_SOURCES: Final[dict[str, tuple[str, str]]] = {
     "engine_error": ("engine", "error"),
     "engine_output_log_probs": ("engine", "output_log_probs"),
     "engine_top_log_probs": ("engine", "top_log_probs"),
+    "engine_sequence_index": ("engine", "sequence_index"),
 }
 
 

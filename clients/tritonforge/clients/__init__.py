@@ -19,6 +19,7 @@ from tritonforge.clients._base import ModelInfo
 from tritonforge.clients._client import AsyncClient, AsyncStream, Client, Stream
 from tritonforge.clients._models import (
     USE_CLIENT_DEFAULT,
+    Choice,
     Chunk,
     Completion,
     Message,
@@ -49,6 +50,7 @@ __all__ = [
     "AsyncClient",
     "AsyncStream",
     "Cancelled",
+    "Choice",
     "Chunk",
     "Client",
     "Completion",

@@ -16,6 +16,7 @@ __all__ = [
     "GUIDE_FIELDS",
     "REQUEST_TENSORS",
     "USE_CLIENT_DEFAULT",
+    "Choice",
     "Chunk",
     "Completion",
     "Message",
@@ -73,7 +74,8 @@ class Request:
     is given: ``json_schema`` (a dict or its JSON text), ``regex`` (matched in full),
     ``choice`` (a list of strings), ``grammar`` (EBNF) or ``json_object=True`` (any JSON
     object). ``logprobs=True`` returns each token's log-probability (``Chunk.logprobs``,
-    ``Completion.logprobs``), ``top_logprobs=k`` also the k most likely tokens at each. ``timeout`` is the whole request's deadline in seconds: ``USE_CLIENT_DEFAULT``
+    ``Completion.logprobs``), ``top_logprobs=k`` also the k most likely tokens at each.
+    ``n`` sequences come back as ``Completion.choices`` (chunks carry their ``sequence``). ``timeout`` is the whole request's deadline in seconds: ``USE_CLIENT_DEFAULT``
     takes the client's, ``None`` means none.
     """
 
@@ -93,6 +95,7 @@ class Request:
     repetition_penalty: float | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    n: int | None = None
     json_schema: Mapping[str, Any] | str | None = None
     regex: str | None = None
     choice: Sequence[str] | None = None
@@ -217,6 +220,7 @@ class RequestOverrides(TypedDict, total=False):
     repetition_penalty: float | None
     logprobs: bool | None
     top_logprobs: int | None
+    n: int | None
     json_schema: Mapping[str, Any] | str | None
     regex: str | None
     choice: Sequence[str] | None
@@ -262,6 +266,18 @@ class Chunk:
     arrival: float
     finish_reason: contract.FinishReason = contract.FinishReason.NONE
     logprobs: tuple[TokenLogprob, ...] = ()  # of this chunk's tokens, when asked for
+    sequence: int = 0  # which of the request's n sequences this chunk extends
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of the ``n`` sequences of a finished generation (``Completion.choices``)."""
+
+    index: int
+    text: str
+    finish_reason: contract.FinishReason
+    tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -288,10 +304,13 @@ class Completion:
     model: str
     request_id: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # of every generated token, when asked for
+    choices: tuple[Choice, ...] = ()  # every sequence (Request.n); text etc. are the first's
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``finish_reason`` as its string value)."""
         out = dataclasses.asdict(self)
         out["finish_reason"] = self.finish_reason.value
         out["inter_token_latencies"] = list(self.inter_token_latencies)
+        for choice in out["choices"]:
+            choice["finish_reason"] = contract.FinishReason(choice["finish_reason"]).value
         return out

@@ -56,6 +56,7 @@ OUTPUT_FINISH: Final = _OUT["finish_reason"].name
 OUTPUT_PROMPT_TOKENS: Final = _OUT["num_input_tokens"].name
 OUTPUT_TOKENS: Final = _OUT["num_output_tokens"].name
 OUTPUT_LOG_PROBS: Final = _OUT["output_log_probs"].name
+OUTPUT_SEQUENCE: Final = _OUT["sequence_index"].name
 OUTPUT_TOP_LOG_PROBS: Final = _OUT["output_top_log_probs"].name
 
 # struct format letter per fixed-size wire type.
@@ -80,6 +81,7 @@ class Event:
     finish_reason: contract.FinishReason
     final: bool
     logprobs: tuple[TokenLogprob, ...] = ()
+    sequence: int = 0  # sequence_index: which of num_return_sequences (Request.n)
 
 
 # ----------------------------------------------------------------------------------------
@@ -269,6 +271,7 @@ def _event(values: dict[str, list[Any]], *, final: bool) -> Event:
         finish_reason=reason,
         final=final,
         logprobs=_logprobs(values),
+        sequence=int(values[OUTPUT_SEQUENCE][0]) if values.get(OUTPUT_SEQUENCE) else 0,
     )
 
 

@@ -229,13 +229,16 @@ class _Generation:
         self._count(c)
         asked = bool(self.request.logprobs)
         if self.chat:
-            body = oai.chat_response(self.rid, self.created, self.model, c.text, c.finish_reason,
-                                     c.prompt_tokens, c.completion_tokens, self._tool_calls(c),
-                                     oai.chat_logprobs(c.logprobs) if asked else None)
+            choices = [oai.chat_choice(ch.index, ch.text, ch.finish_reason, self._tool_calls(c),
+                                       oai.chat_logprobs(ch.logprobs) if asked else None) for ch in c.choices]
+            body = oai.chat_response(self.rid, self.created, self.model, choices, c.prompt_tokens,
+                                     c.completion_tokens)
         else:
-            body = oai.completion_response(self.rid, self.created, self.model, c.text, c.finish_reason,
-                                           c.prompt_tokens, c.completion_tokens,
-                                           oai.completion_logprobs(c.logprobs) if asked else None)
+            choices = [oai.completion_choice(ch.index, ch.text, ch.finish_reason,
+                                             oai.completion_logprobs(ch.logprobs) if asked else None)
+                       for ch in c.choices]
+            body = oai.completion_response(self.rid, self.created, self.model, choices, c.prompt_tokens,
+                                           c.completion_tokens)
         await _send_json(send, 200, body)
         return 200
 
@@ -305,27 +308,28 @@ class _Generation:
             return
         rid, created, model, usage_null = self.rid, self.created, self.model, self.include_usage
         asked = bool(self.request.logprobs)
-        first = True
-        offset = 0  # characters streamed so far (completions' text_offset)
+        offsets: dict[int, int] = {}  # per choice: characters streamed so far (text_offset)
         async for chunk in s:
             finish = chunk.finish_reason if chunk.finish_reason is not FinishReason.NONE else None
             if not chunk.text and finish is None and not chunk.logprobs:
                 continue  # tokens that do not make a whole character yet
-            if first:
-                first = False
+            i = chunk.sequence
+            if not offsets:
                 self.gw.metrics.ttft.labels(self.endpoint).observe(time.perf_counter() - self.received)
-                if self.chat:
-                    yield _event(oai.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
-                                                include_usage=usage_null))
+            if i not in offsets and self.chat:  # each choice's first chunk says who speaks
+                yield _event(oai.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
+                                            include_usage=usage_null, index=i))
+            offset = offsets.setdefault(i, 0)
             if self.chat:
                 delta = {"content": chunk.text} if chunk.text else {}
                 yield _event(oai.chat_chunk(rid, created, model, delta, finish, include_usage=usage_null,
-                                            logprobs=oai.chat_logprobs(chunk.logprobs) if asked else None))
+                                            logprobs=oai.chat_logprobs(chunk.logprobs) if asked else None,
+                                            index=i))
             else:
                 yield _event(oai.completion_chunk(
                     rid, created, model, chunk.text, finish, include_usage=usage_null,
-                    logprobs=oai.completion_logprobs(chunk.logprobs, offset) if asked else None))
-            offset += len(chunk.text)
+                    logprobs=oai.completion_logprobs(chunk.logprobs, offset) if asked else None, index=i))
+            offsets[i] = offset + len(chunk.text)
         c = s.completion
         self._count(c)
         if self.include_usage:

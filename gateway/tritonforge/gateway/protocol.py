@@ -31,8 +31,10 @@ __all__ = [
     "StreamOptions",
     "ToolCalling",
     "ToolDef",
+    "chat_choice",
     "chat_chunk",
     "chat_response",
+    "completion_choice",
     "completion_chunk",
     "completion_response",
     "error_body",
@@ -166,8 +168,7 @@ class _Sampling(_GuidedFields):  # type: ignore[misc]
     ignore_eos: bool = False  # vLLM's extension (its benchmark client sends it)
 
     def _refuse_unsupported(self) -> None:
-        if self.n is not None and self.n != 1:
-            raise ApiError(400, f"n must be 1 (one choice per request); got {self.n}", param="n")
+        pass
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
@@ -207,6 +208,7 @@ class _Sampling(_GuidedFields):  # type: ignore[misc]
                 value = ([value] if isinstance(value, str) else value) or None
             out[p.client or ""] = value
         out["max_tokens"] = max_tokens
+        out["n"] = self.n if self.n != 1 else None
         if self.ignore_eos:
             if max_tokens is None:
                 raise ApiError(400, "ignore_eos needs max_tokens (generate exactly that many tokens)",
@@ -317,6 +319,8 @@ class ChatCompletionRequest(_Sampling):
                 "model's chat template, which this gateway does not have: send tool_choice "
                 '"required" or {"type": "function", "function": {"name": ...}} (enforced with '
                 'structured outputs), or "none"', param="tool_choice")
+        if self.n is not None and self.n != 1:
+            raise ApiError(400, "n must be 1 with tools", param="n")
         if self.guide() is not None:
             raise ApiError(400, "tools are answered with structured outputs: leave out "
                            f"{self.guide()[0]}", param="tool_choice")  # type: ignore[index]
@@ -442,31 +446,31 @@ def completion_logprobs(tokens: Sequence[TokenLogprob], offset: int = 0) -> dict
             "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}
 
 
-def chat_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
-                  prompt_tokens: int, completion_tokens: int,
-                  tool_calls: list[dict[str, Any]] | None = None,
-                  logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def chat_choice(index: int, text: str, finish: FinishReason, tool_calls: list[dict[str, Any]] | None = None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One of a chat completion's ``choices`` (tool calls replace the content)."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls is not None:
         message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": "tool_calls" if tool_calls is not None else _finish(finish)}
+
+
+def chat_response(rid: str, created: int, model: str, choices: list[dict[str, Any]],
+                  prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": "tool_calls" if tool_calls is not None else _finish(finish),
-        }],
+        "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
                finish: FinishReason | str | None = None, *, include_usage: bool = False,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+               logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
     """One ``chat.completion.chunk`` (``usage: null`` on each when usage comes last)."""
     out: dict[str, Any] = {
         "id": rid,
@@ -474,7 +478,7 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
         "created": created,
         "model": model,
         "choices": [{
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": logprobs,
             "finish_reason": _finish(finish) if isinstance(finish, FinishReason) else finish,
@@ -500,28 +504,33 @@ def usage_chunk(obj: str, rid: str, created: int, model: str, use: dict[str, int
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
 
 
-def completion_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
-                        prompt_tokens: int, completion_tokens: int,
-                        logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+def completion_choice(index: int, text: str, finish: FinishReason,
+                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": _finish(finish)}
+
+
+def completion_response(rid: str, created: int, model: str, choices: list[dict[str, Any]],
+                        prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": _finish(finish)}],
+        "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: FinishReason | None = None,
-                     *, include_usage: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+                     *, include_usage: bool = False, logprobs: dict[str, Any] | None = None,
+                     index: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
         "choices": [{
-            "index": 0,
+            "index": index,
             "text": text,
             "logprobs": logprobs,
             "finish_reason": None if finish is None else _finish(finish),

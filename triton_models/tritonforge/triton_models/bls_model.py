@@ -160,6 +160,7 @@ class TritonPythonModel:
             check_request_parameters(triton_io.request_parameters(request))
         except ParameterError as exc:
             raise RequestError(str(exc), param=exc.param) from None
+        triton_io.refuse_many_sequences(request, "the BLS model")
         inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, i.name) for i in ENSEMBLE_INPUTS)
                   if t is not None]
         if not streaming:

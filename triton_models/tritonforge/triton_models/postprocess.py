@@ -65,6 +65,7 @@ class PostResult:
     num_output_tokens: int
     logprobs: tuple[float, ...] = ()  # one per token of this response, when asked for
     top: str = ""  # output_top_log_probs (JSON), when asked for
+    sequence_index: int = 0
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -72,6 +73,7 @@ class PostResult:
             "finish_reason": np.array([[self.finish_reason.encode("utf-8")]], dtype=object),
             "num_input_tokens": np.array([[self.num_input_tokens]], dtype=np.int32),
             "num_output_tokens": np.array([[self.num_output_tokens]], dtype=np.int32),
+            "sequence_index": np.array([[self.sequence_index]], dtype=np.int32),
             "output_log_probs": np.array([self.logprobs], dtype=np.float32).reshape(1, len(self.logprobs)),
             "output_top_log_probs": np.array([[self.top.encode("utf-8")]], dtype=object),
         }
@@ -117,8 +119,12 @@ class Postprocessor:
 
     @classmethod
     def state_id(cls, inputs: Mapping[str, np.ndarray | None], request_id: str) -> str:
+        """Whose detokenizer state: the engine's request key (or the request id) and, for
+        the sequences after the first (num_return_sequences), the sequence index."""
         key = cls.request_key(inputs)
-        return f"key:{key}" if key else request_id
+        seq = int(scalar(inputs.get("engine_sequence_index"), 0) or 0)
+        base = f"key:{key}" if key else request_id
+        return f"{base}:{seq}" if seq and base else base
 
     def forget(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> None:
         """Drop a request's state (it was cancelled: no final response will come)."""
@@ -186,7 +192,8 @@ class Postprocessor:
             text = self.decode(ids)
             if reason:  # a cut-off multi-byte character is dropped (see IncrementalDetokenizer)
                 text = text.rstrip("\ufffd")
-            return PostResult(text, reason, n_input, len(ids), **self._logprobs(inputs, ids))
+            return PostResult(text, reason, n_input, len(ids), **self._logprobs(inputs, ids),
+                              sequence_index=int(scalar(inputs.get("engine_sequence_index"), 0) or 0))
         now = time.monotonic()
         state = self._states.get(request_id)
         if state is None:
@@ -220,4 +227,5 @@ class Postprocessor:
                 self.drop_facts(client_id)
             if self.finished is not None:
                 self.finished(reason)
-        return PostResult(text, reason, n_input, len(ids), **logprobs)
+        return PostResult(text, reason, n_input, len(ids), **logprobs,
+                          sequence_index=int(scalar(inputs.get("engine_sequence_index"), 0) or 0))

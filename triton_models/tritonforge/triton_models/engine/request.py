@@ -38,6 +38,7 @@ _STRUCTURAL: Final[dict[str, tuple[str, type]]] = {
     "lora_task_id": ("lora_task_id", int),
     "return_log_probs": ("return_log_probs", bool),
     "top_logprobs": ("top_logprobs", int),
+    "num_return_sequences": ("n", int),
 }
 _WORDS: Final[dict[str, str]] = {
     p.engine_name: p.name for p in REQUEST_PARAMETERS if p.kind == "words" and p.engine_name
@@ -90,6 +91,7 @@ class EngineRequest:
     lora_task_id: int = 0
     return_log_probs: bool = False
     top_logprobs: int = 0  # most likely alternatives per token, with return_log_probs
+    n: int = 1  # num_return_sequences: independent sequences, each answered with its index
     guide_type: str = ""  # a contract.GuideType value; "" for none
     guide: str = ""
     stop_words: list[list[int]] = field(default_factory=list)
@@ -140,6 +142,9 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray | None], *, decoupled: b
     req.bad_words = from_word_list(inputs.get("bad_words_list"))
     if not decoupled:
         req.streaming = False
+        if req.n > 1:  # one response per request: the sequences would be lost
+            raise RequestError("num_return_sequences must be 1 on a non-streaming (not decoupled) "
+                               "engine model", param="num_return_sequences")
     return req
 
 
@@ -190,14 +195,17 @@ class StopMatcher:
 def engine_outputs(
     ids: list[int], finish: str, n_input: int, logprobs: list[float] | None = None,
     key: int = 0, error: str = "", top: list[list[tuple[int, float]]] | None = None,
+    sequence: int = 0,
 ) -> dict[str, np.ndarray]:
     """The engine contract's outputs for one response (one beam); ``key`` is the engine's
     own key of the request (``contract.engine_request_id``), ``error`` the tagged error of a
     request that fails after it has streamed (see ``contract.ENGINE_EXTRA_OUTPUTS``).
     ``logprobs`` (one per id) and ``top`` (the alternatives at each id) only when asked:
-    ``output_log_probs`` is empty and ``top_log_probs`` "" otherwise."""
+    ``output_log_probs`` is empty and ``top_log_probs`` "" otherwise; ``sequence`` is which
+    of ``num_return_sequences`` the response carries."""
     lp = logprobs if logprobs is not None else []
     return {
+        "sequence_index": np.array([[sequence]], dtype=np.int32),
         "top_log_probs": np.array([[json.dumps(top).encode() if top else b""]], dtype=object),
         "request_key": np.array([[key]], dtype=np.uint64),
         "error": np.array([[error.encode()]], dtype=object),

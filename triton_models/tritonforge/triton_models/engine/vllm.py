@@ -221,7 +221,7 @@ class VllmAdapter(TokenizerAdapter):
         mapped = {field: req.sampling[name] for name, field in VLLM_SAMPLING.items()
                   if field is not None and name in req.sampling}
         return SamplingParams(
-            n=1,
+            n=req.n,
             max_tokens=req.max_tokens,
             stop_token_ids=stop_ids or None,
             bad_words=bad,
@@ -251,21 +251,26 @@ class VllmAdapter(TokenizerAdapter):
             lora_request=lora_request,
         )
         async for out in stream:
-            comp = out.outputs[0]
-            new = [int(t) for t in comp.token_ids]
-            lps: list[float] | None = None
-            top: list[list[tuple[int, float]]] | None = None
-            if req.return_log_probs and comp.logprobs:
-                # vLLM's entry per token: {token id: Logprob(logprob, rank, ...)}, the sampled
-                # token and the top_logprobs most likely ones (ranks 1..k)
-                lps, top = [], []
-                for tok, entry in zip(new, comp.logprobs):
-                    lp = entry.get(tok) if entry else None
-                    lps.append(float(lp.logprob) if lp is not None else 0.0)
-                    ranked = sorted((v.rank, int(t), float(v.logprob)) for t, v in (entry or {}).items()
-                                    if v.rank is not None and v.rank <= req.top_logprobs)
-                    top.append([(t, lp_) for _, t, lp_ in ranked])
-            yield Delta(new, lps, comp.finish_reason, top if req.top_logprobs else None)
+            for comp in out.outputs:  # with n > 1 (streamed as deltas): one sequence at a time
+                yield self._delta(req, comp)
+
+    @staticmethod
+    def _delta(req: EngineRequest, comp: Any) -> Delta:
+        """One ``CompletionOutput`` (a delta of sequence ``comp.index``) as the skeleton's."""
+        new = [int(t) for t in comp.token_ids]
+        lps: list[float] | None = None
+        top: list[list[tuple[int, float]]] | None = None
+        if req.return_log_probs and comp.logprobs:
+            # vLLM's entry per token: {token id: Logprob(logprob, rank, ...)}, the sampled
+            # token and the top_logprobs most likely ones (ranks 1..k)
+            lps, top = [], []
+            for tok, entry in zip(new, comp.logprobs):
+                lp = entry.get(tok) if entry else None
+                lps.append(float(lp.logprob) if lp is not None else 0.0)
+                ranked = sorted((v.rank, int(t), float(v.logprob)) for t, v in (entry or {}).items()
+                                if v.rank is not None and v.rank <= req.top_logprobs)
+                top.append([(t, lp_) for _, t, lp_ in ranked])
+        return Delta(new, lps, comp.finish_reason, top if req.top_logprobs else None, int(comp.index))
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
