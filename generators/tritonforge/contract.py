@@ -404,7 +404,7 @@ REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
     RequestParam("exclude_input_in_output", DType.BOOL, "Do not echo the prompt (default true).",
                  default=True, spec_default=True),
     RequestParam("lora_name", DType.STRING, "Name of a LoRA adapter from the spec.", kind="adapter",
-                 engine="lora_task_id", engine_dtype=DType.UINT64, requires="lora"),
+                 engine="lora_task_id", engine_dtype=DType.UINT64, requires="lora", client="lora"),
     RequestParam("num_return_sequences", DType.INT32,
                  "Independent sequences to generate for the prompt (OpenAI n); each response "
                  "carries its sequence_index. Streaming ensemble only.",

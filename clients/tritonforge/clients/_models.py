@@ -75,7 +75,8 @@ class Request:
     ``choice`` (a list of strings), ``grammar`` (EBNF) or ``json_object=True`` (any JSON
     object). ``logprobs=True`` returns each token's log-probability (``Chunk.logprobs``,
     ``Completion.logprobs``), ``top_logprobs=k`` also the k most likely tokens at each.
-    ``n`` sequences come back as ``Completion.choices`` (chunks carry their ``sequence``). ``timeout`` is the whole request's deadline in seconds: ``USE_CLIENT_DEFAULT``
+    ``n`` sequences come back as ``Completion.choices`` (chunks carry their ``sequence``).
+    ``lora`` names one of the deployment's LoRA adapters (``Client.lora_adapters()``). ``timeout`` is the whole request's deadline in seconds: ``USE_CLIENT_DEFAULT``
     takes the client's, ``None`` means none.
     """
 
@@ -96,6 +97,7 @@ class Request:
     logprobs: bool | None = None
     top_logprobs: int | None = None
     n: int | None = None
+    lora: str | None = None
     json_schema: Mapping[str, Any] | str | None = None
     regex: str | None = None
     choice: Sequence[str] | None = None
@@ -221,6 +223,7 @@ class RequestOverrides(TypedDict, total=False):
     logprobs: bool | None
     top_logprobs: int | None
     n: int | None
+    lora: str | None
     json_schema: Mapping[str, Any] | str | None
     regex: str | None
     choice: Sequence[str] | None

@@ -193,6 +193,17 @@ def engine_step(config: dict[str, Any]) -> str | None:
     return None
 
 
+def lora_names(preprocessing_config: dict[str, Any]) -> list[str]:
+    """The LoRA adapters a deployment serves by name: the keys of its preprocessing model's
+    ``tritonforge_lora_adapters`` parameter (its config in JSON form)."""
+    raw = ((preprocessing_config.get("parameters") or {}).get(contract.Param.LORA_ADAPTERS.value) or {})
+    try:
+        adapters = json.loads(raw.get("string_value") or "{}")
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"{contract.Param.LORA_ADAPTERS.value} is not JSON") from exc
+    return sorted(adapters) if isinstance(adapters, dict) else []
+
+
 def _contents_values(datatype: str, contents: Any) -> list[Any]:
     field = {
         "BYTES": "bytes_contents", "BOOL": "bool_contents", "INT32": "int_contents",

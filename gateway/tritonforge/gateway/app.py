@@ -137,6 +137,7 @@ class _Gateway:
         self.metrics = GatewayMetrics()
         self.client: AsyncClient | None = None
         self.created = int(time.time())
+        self.adapters: list[str] | None = None
 
     def start(self) -> None:
         c = self.config
@@ -155,6 +156,31 @@ class _Gateway:
             await self.client.ready()  # discovers the one ensemble
         assert self.client.model is not None
         return self.client.model
+
+    async def lora_names(self) -> list[str]:
+        """The deployment's LoRA adapters (read once from Triton; none when unreadable)."""
+        if self.adapters is None:
+            assert self.client is not None
+            try:
+                self.adapters = await self.client.lora_adapters()
+            except TritonForgeError:
+                return []  # asked again next time
+        return self.adapters
+
+    async def adapter_for(self, model: str) -> tuple[str, str | None]:
+        """(the served ensemble, the LoRA adapter) a request's ``model`` names: the ensemble
+        itself, ``<ensemble>:<adapter>`` or an adapter's own id (as ``/v1/models`` lists
+        them, like vLLM's server); a 404 naming what is served otherwise."""
+        served = await self.model_name()
+        if model == served:
+            return served, None
+        names = await self.lora_names()
+        base, sep, adapter = model.partition(":")
+        if model in names or (sep and base == served and adapter in names):
+            return served, adapter if sep else model
+        offered = ", ".join([served, *names, *(f"{served}:{n}" for n in names)])
+        raise oai.ApiError(404, f"The model '{model}' does not exist; this server serves {offered}",
+                           param="model", code="model_not_found")
 
     def authorize(self, request: HttpRequest) -> None:
         key = self.config.api_key
@@ -372,15 +398,12 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
     async def generation(endpoint: str, request: HttpRequest, received: float) -> _Generation:
         kind = oai.ChatCompletionRequest if endpoint == CHAT else oai.CompletionRequest
         body = oai.parse(kind, await _body(request))
-        served = await gw.model_name()
-        if body.model != served:
-            raise oai.ApiError(404, f"The model '{body.model}' does not exist; this server serves '{served}'",
-                               param="model", code="model_not_found")
+        _, adapter = await gw.adapter_for(body.model)
         prefix = "chatcmpl" if endpoint == CHAT else "cmpl"
-        req = body.to_request().replace(request_id=oai.new_id(prefix), stream=bool(body.stream))
+        req = body.to_request().replace(request_id=oai.new_id(prefix), stream=bool(body.stream), lora=adapter)
         guide = body.guide()
         calling = body.tool_calling() if isinstance(body, oai.ChatCompletionRequest) else None
-        return _Generation(gw, endpoint, received, req, served, bool(body.stream), body.include_usage,
+        return _Generation(gw, endpoint, received, req, body.model, bool(body.stream), body.include_usage,
                            "tool_choice" if calling else guide[0] if guide else None, calling)
 
     async def chat(request: HttpRequest, received: float) -> _Generation:
@@ -391,8 +414,10 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
 
     async def models(request: HttpRequest, received: float) -> Response:
         name = await gw.model_name()
+        cards = [oai.model_card(name, gw.created)] + [oai.model_card(a, gw.created, parent=name)
+                                                      for a in await gw.lora_names()]
         gw.metrics.finished("/v1/models", 200, time.perf_counter() - received)
-        return JSONResponse({"object": "list", "data": [oai.model_card(name, gw.created)]})
+        return JSONResponse({"object": "list", "data": cards})
 
     async def metrics(request: HttpRequest) -> Response:
         return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)

@@ -1,8 +1,9 @@
 """The OpenAI wire models the gateway speaks (requests parsed, responses built; no I/O).
 
-Requests are pydantic models that ignore fields they do not know (SDKs send extras such as
-``user``) and refuse what the gateway cannot honour (``n > 1``, ``logprobs``, ``echo``...)
-with an :class:`ApiError` naming the parameter. :meth:`ChatCompletionRequest.to_request`
+Requests are pydantic models that refuse what the gateway cannot honour (``logit_bias``,
+``echo``, ``suffix``, audio...) and fields OpenAI's API does not know, with an
+:class:`ApiError` naming the parameter; OpenAI's metadata fields (``user``, ``store``...)
+are accepted. :meth:`ChatCompletionRequest.to_request`
 and :meth:`CompletionRequest.to_request` turn them into the typed client's
 :class:`~tritonforge.clients.Request`; every sampling bound is then checked by the
 contract (the same check the server runs), not restated here.
@@ -26,6 +27,8 @@ __all__ = [
     "ApiError",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "METADATA_FIELDS",
+    "UNSUPPORTED_FIELDS",
     "ErrorType",
     "ResponseFormat",
     "StreamOptions",
@@ -153,11 +156,30 @@ class ResponseFormat(BaseModel):
     json_schema: dict[str, Any] | None = None
 
 
+# OpenAI request fields that ask nothing of the generation (accepted; nothing to do).
+METADATA_FIELDS: Final = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier",
+                                    "prompt_cache_key"})
+# OpenAI request fields this gateway cannot honour: refused with a 400 naming them (the value
+# that asks for nothing, where there is one, passes).
+UNSUPPORTED_FIELDS: Final[dict[str, tuple[Any, ...]]] = {
+    "logit_bias": (None, {}),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "functions": (None,),  # the deprecated form of tools
+    "function_call": (None,),  # the deprecated form of tool_choice
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+}
+
+
 class _Sampling(_GuidedFields):  # type: ignore[misc]
     """Fields shared by both endpoints: OpenAI's names (and vLLM's extensions), one per
-    row of the contract's table with an OpenAI name, plus the OpenAI-only controls."""
+    row of the contract's table with an OpenAI name, plus the OpenAI-only controls. Any
+    other field is refused (as OpenAI's API does), except OpenAI's metadata fields."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     response_format: ResponseFormat | None = None
 
@@ -168,7 +190,14 @@ class _Sampling(_GuidedFields):  # type: ignore[misc]
     ignore_eos: bool = False  # vLLM's extension (its benchmark client sends it)
 
     def _refuse_unsupported(self) -> None:
-        pass
+        for name, value in (self.model_extra or {}).items():
+            if name in METADATA_FIELDS:
+                continue
+            if name in UNSUPPORTED_FIELDS:
+                if value not in UNSUPPORTED_FIELDS[name]:
+                    raise ApiError(400, f"{name} is not supported by this server", param=name)
+                continue
+            raise ApiError(400, f"Unrecognized request argument supplied: {name}", param=name)
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
 
@@ -541,13 +570,14 @@ def completion_chunk(rid: str, created: int, model: str, text: str, finish: Fini
     return out
 
 
-def model_card(name: str, created: int | None = None) -> dict[str, Any]:
-    """One entry of ``GET /v1/models`` (``root`` is read by vLLM's benchmark client)."""
+def model_card(name: str, created: int | None = None, parent: str | None = None) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` (``root`` is read by vLLM's benchmark client); a LoRA
+    adapter's has the served model as its ``parent``, as vLLM's server lists them."""
     return {
         "id": name,
         "object": "model",
         "created": int(time.time()) if created is None else created,
         "owned_by": OWNER,
-        "root": name,
-        "parent": None,
+        "root": parent or name,
+        "parent": parent,
     }
