@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -134,3 +135,20 @@ def test_stop_request_is_the_engines_required_inputs_and_stop() -> None:
     assert {t.name for t in C.ENGINE_INPUTS if not t.optional} <= set(names)
     for name, dtype, _ in C.STOP_REQUEST:
         assert engine[name].dtype is dtype
+
+
+def test_messages_carry_tool_calls_and_tool_call_ids_to_the_template() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    msgs = C.parse_messages(json.dumps([{"role": "user", "content": "hi"},
+                                        {"role": "assistant", "content": None, "tool_calls": [call]},
+                                        {"role": "tool", "tool_call_id": "c1", "content": "3"}]))
+    assert msgs[1] == {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert msgs[2] == {"role": "tool", "content": "3", "tool_call_id": "c1"}
+    for bad, fragment in [
+        ([{"role": "user", "content": "x", "tool_calls": [call]}], "unknown keys: tool_calls"),
+        ([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}],
+         "messages[0].tool_calls[0] must be"),
+        ([{"role": "tool", "content": "3", "tool_call_id": 7}], "tool_call_id must be a string"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            C.parse_messages(json.dumps(bad))

@@ -339,6 +339,7 @@ def _num_text(v: float) -> str:
 _I32: Final = 2**31 - 1
 _VLLM_ONLY: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})
 _OWN_ENGINES: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})  # tritonforge's engine model
+_VLLM_ENGINE: Final = frozenset({EngineKind.VLLM})
 _LOGPROBS_UNSUPPORTED: Final = (
     "tritonforge's postprocessing passes on log-probabilities from its own engine models only "
     "so far, not yet the C++ backend's output_log_probs")
@@ -408,7 +409,7 @@ REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
     RequestParam("num_return_sequences", DType.INT32,
                  "Independent sequences to generate for the prompt (OpenAI n); each response "
                  "carries its sequence_index. Streaming ensemble only.",
-                 default=1, low=1, high=16, client="n", engines=frozenset({EngineKind.VLLM}),
+                 default=1, low=1, high=16, client="n", engines=_VLLM_ENGINE,
                  why_unsupported="tritonforge passes num_return_sequences to its vLLM engine model only so far"),
     RequestParam("return_log_probs", DType.BOOL,
                  "Return the log-probability of each generated token (output_log_probs).",
@@ -417,17 +418,17 @@ REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
     RequestParam("top_logprobs", DType.INT32,
                  "With return_log_probs: also this many most likely tokens at each position "
                  "(output_top_log_probs); 0: none.",
-                 default=0, low=0, high=20, client="top_logprobs", engines=frozenset({EngineKind.VLLM}),
+                 default=0, low=0, high=20, client="top_logprobs", engines=_VLLM_ENGINE,
                  why_unsupported="only the vLLM engine model returns the most likely alternatives"),
     RequestParam("guided_decoding_guide_type", DType.STRING,
                  "Structured output: what guided_decoding_guide is -- json (any JSON object; no "
                  "guide), json_schema, regex, choice or ebnf_grammar; empty: unconstrained.",
-                 kind="text", default="", engines=frozenset({EngineKind.VLLM}),
+                 kind="text", default="", engines=_VLLM_ENGINE,
                  why_unsupported=_GUIDES_UNSUPPORTED),
     RequestParam("guided_decoding_guide", DType.STRING,
                  "The guide: a JSON schema, a regular expression (matched in full), a JSON list "
                  "of strings (choice) or an EBNF grammar with a root rule.",
-                 kind="text", default="", engines=frozenset({EngineKind.VLLM}),
+                 kind="text", default="", engines=_VLLM_ENGINE,
                  why_unsupported=_GUIDES_UNSUPPORTED),
 )
 
