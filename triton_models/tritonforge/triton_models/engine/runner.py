@@ -513,6 +513,7 @@ class EngineRunner:
         seqs: dict[int, _Sequence] = {}
         finished = 0  # sequences that have ended
         done: _Sequence | None = None  # the last of them, once all have
+        cut = False  # whether a stop word ended one (the engine goes on with it)
 
         def outputs(seq: _Sequence, reason: str) -> dict[str, np.ndarray]:
             asked = req.return_log_probs
@@ -558,6 +559,7 @@ class EngineRunner:
                 stopped = seq.feed(new, cpp=self.cpp_outputs)
                 if stopped:
                     seq.finish = FinishReason.STOP.value
+                    cut = True
                 elif delta.finish is not None:
                     if not self.cpp_outputs:  # (cpp_outputs sent what the matcher held already)
                         seq.flush()
@@ -568,7 +570,7 @@ class EngineRunner:
                     finish = seq.finish
                     if finished == req.n:
                         done = seq
-                        if stopped:
+                        if cut:  # a sequence the engine may still be generating for
                             await self._abort(engine_id)
                         break
                     responder.send(outputs(seq, seq.finish), final=False)  # the others go on
