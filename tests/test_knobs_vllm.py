@@ -412,4 +412,3 @@ def test_lora_adapter_is_served_by_name(knob_server: dict[str, Any], lora_oracle
     assert adapted["text_output"] == offline["text"]
     assert adapted["text_output"] != base["text_output"]  # (base = offline: the ngram test)
     assert status == 400 and "lora_name 'nope'" in unknown.get("error", ""), unknown
-
