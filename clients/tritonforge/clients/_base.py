@@ -18,10 +18,10 @@ from tritonforge.clients._models import (
     Choice,
     Chunk,
     Completion,
-    TokenLogprob,
     Request,
     RequestOverrides,
     TimeoutTypes,
+    TokenLogprob,
 )
 from tritonforge.clients.exceptions import (
     Cancelled,

@@ -23,7 +23,6 @@ from types import TracebackType
 from typing import Any, Final
 
 from tritonforge.clients import _wire
-from tritonforge.contract import MODEL_PREPROCESSING
 from tritonforge.clients._base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -49,6 +48,7 @@ from tritonforge.clients.exceptions import (
     Timeout,
     TritonForgeError,
 )
+from tritonforge.contract import MODEL_PREPROCESSING
 from typing_extensions import Self, Unpack
 
 __all__ = ["AsyncClient", "AsyncStream", "Client", "Stream"]

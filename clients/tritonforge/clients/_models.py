@@ -22,8 +22,8 @@ __all__ = [
     "Message",
     "Request",
     "RequestOverrides",
-    "TokenLogprob",
     "TimeoutTypes",
+    "TokenLogprob",
     "UseClientDefault",
 ]
 

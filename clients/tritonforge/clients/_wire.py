@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from tritonforge import contract
+from tritonforge.clients._models import TokenLogprob
 from tritonforge.clients.exceptions import (
     Cancelled,
     EngineError,
@@ -27,8 +28,6 @@ from tritonforge.clients.exceptions import (
     ServerUnavailable,
     TritonForgeError,
 )
-
-from tritonforge.clients._models import TokenLogprob
 
 if TYPE_CHECKING:
     from tritonforge.clients._models import Request

@@ -19,16 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
-
 from tritonforge import contract
 from tritonforge.clients import FinishReason, Request, TokenLogprob
 
 __all__ = [
+    "METADATA_FIELDS",
+    "UNSUPPORTED_FIELDS",
     "ApiError",
     "ChatCompletionRequest",
     "CompletionRequest",
-    "METADATA_FIELDS",
-    "UNSUPPORTED_FIELDS",
     "ErrorType",
     "ResponseFormat",
     "StreamOptions",

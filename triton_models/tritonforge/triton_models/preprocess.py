@@ -36,9 +36,9 @@ from tritonforge.triton_models.errors import RequestError
 
 __all__ = [
     "LoraWeightsSender",
-    "compile_guide",
     "PreprocessSettings",
     "Preprocessor",
+    "compile_guide",
     "load_converted_lora",
     "load_tokenizer",
     "to_word_list",
@@ -206,7 +206,7 @@ def compile_guide(guide_type: str, guide: str) -> None:
              contract.GuideType.EBNF_GRAMMAR.value: xgrammar.Grammar.from_ebnf}[guide_type]
     try:
         build(guide)
-    except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its parser's message
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
         detail = _XGRAMMAR_PREFIX.sub("", " ".join(str(exc).split()))[:500]
         raise RequestError(f"{contract.GUIDE_INPUT} is not a valid {guide_type}: {detail}",
                            param=contract.GUIDE_INPUT) from None

@@ -114,8 +114,8 @@ def refuse_many_sequences(request: Any, model: str) -> None:
     from tritonforge.triton_models.errors import RequestError
 
     tensor = pb_utils.get_input_tensor_by_name(request, "num_return_sequences")
-    n = tensor.as_numpy().reshape(-1) if tensor is not None else ()
-    if len(n) and int(n[0]) > 1:
+    n = tensor.as_numpy().reshape(-1) if tensor is not None else np.zeros(0, dtype=np.int32)
+    if n.size and int(n[0]) > 1:
         raise RequestError(f"num_return_sequences must be 1 on {model}, which answers one sequence; "
                            "send it to the streaming ensemble", param="num_return_sequences")
 

@@ -512,7 +512,7 @@ class EngineRunner:
         echo = list(req.input_ids) if not req.exclude_input_in_output else []
         seqs: dict[int, _Sequence] = {}
         finished = 0  # sequences that have ended
-        done: _Sequence | None = None  # the last of them, once all have
+        last_seq: _Sequence | None = None  # the last of them, once all have
         cut = False  # whether a stop word ended one (the engine goes on with it)
 
         def outputs(seq: _Sequence, reason: str) -> dict[str, np.ndarray]:
@@ -569,7 +569,7 @@ class EngineRunner:
                     finished += 1
                     finish = seq.finish
                     if finished == req.n:
-                        done = seq
+                        last_seq = seq
                         if cut:  # a sequence the engine may still be generating for
                             await self._abort(engine_id)
                         break
@@ -586,7 +586,7 @@ class EngineRunner:
             else:
                 # The last response: the sequence that finished last, or those the engine's
                 # stream ended without a reason (it gets theirs from their length).
-                ends = [done] if done is not None else [q for q in seqs.values() if not q.finish]
+                ends = [last_seq] if last_seq is not None else [q for q in seqs.values() if not q.finish]
                 if not ends:
                     ends = [_Sequence(0, [], echo)]
                 for i, q in enumerate(ends):
