@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from tritonforge import contract as C
 from tritonforge import docsync
 from tritonforge.clients import Request
-from tritonforge.clients._models import REQUEST_TENSORS, RequestOverrides
+from tritonforge.clients._models import GUIDE_FIELDS, REQUEST_TENSORS, RequestOverrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,13 +34,15 @@ def test_every_row_derives_its_tensors() -> None:
             assert p.engine_name in engine
             assert C.pre_output(p.engine_name) in {t.name for t in C.PREPROCESSING_OUTPUTS}
     # every engine input is fed by a row, or is the engine's own
-    own = {"input_ids", "input_lengths", "return_log_probs", "stop", "embedding_bias"}
+    own = {"input_ids", "input_lengths", "stop", "embedding_bias"}
     assert set(engine) - own == {p.engine_name for p in C.REQUEST_PARAMETERS if p.engine_name}
 
 
 def test_client_request_fields_are_the_tables() -> None:
-    fields = {f.name for f in dataclasses.fields(Request)} - {"request_id", "timeout"}
+    fields = {f.name for f in dataclasses.fields(Request)} - {"request_id", "timeout"} - set(GUIDE_FIELDS)
     assert fields == set(REQUEST_TENSORS) == {p.client for p in C.REQUEST_PARAMETERS if p.client}
+    assert set(GUIDE_FIELDS) == {g.client for g in C.GUIDES}
+    fields |= set(GUIDE_FIELDS)
     assert set(RequestOverrides.__annotations__) - {"request_id", "timeout"} == fields
 
 
@@ -56,6 +59,19 @@ def test_client_request_fields_are_the_tables() -> None:
     ({"stop_words": ["a", ""]}, "stop_words", "empty word"),
     ({"max_tokens": 4, "min_tokens": 5}, "min_tokens", "<= max_tokens"),
     ({"temprature": 0.3}, "temprature", "did you mean temperature"),
+    ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[a-z]+"}, None, None),
+    ({"guided_decoding_guide_type": "json"}, None, None),
+    ({"guided_decoding_guide_type": "yaml"}, "guided_decoding_guide_type", "must be one of json, json_schema"),
+    ({"guided_decoding_guide": "[a-z]+"}, "guided_decoding_guide_type", "needs guided_decoding_guide_type"),
+    ({"guided_decoding_guide_type": "regex"}, "guided_decoding_guide", "regex needs a guide"),
+    ({"guided_decoding_guide_type": "json", "guided_decoding_guide": "{}"}, "guided_decoding_guide",
+     "json takes no guided_decoding_guide"),
+    ({"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "{'a'"}, "guided_decoding_guide",
+     "is not valid JSON"),
+    ({"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "[]"}, "guided_decoding_guide",
+     "must be a JSON object"),
+    ({"guided_decoding_guide_type": "choice", "guided_decoding_guide": '["a", ""]'}, "guided_decoding_guide",
+     "JSON list of non-empty strings"),
 ])
 def test_check_request_values(values: dict, param: str | None, fragment: str | None) -> None:  # type: ignore[type-arg]
     if param is None:
@@ -76,6 +92,19 @@ def test_engine_capabilities_refuse_rather_than_drop() -> None:
     assert "min_p" not in C.engine_inputs_for(C.EngineKind.TRTLLM_CPP)
     assert "lora_task_id" not in C.engine_inputs_for(C.EngineKind.VLLM)
     assert "lora_task_id" in C.engine_inputs_for(C.EngineKind.VLLM, ("lora",))
+    guide = {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[0-9]+"}
+    C.check_request_values(guide, engine=C.EngineKind.VLLM)
+    with pytest.raises(C.ParameterError, match="guided_decoding_guide_type is not supported"):
+        C.check_request_values(guide, engine=C.EngineKind.TRTLLM_CPP)
+    assert "guided_decoding_guide" not in C.engine_inputs_for(C.EngineKind.TRTLLM_CPP)
+
+
+def test_client_guides_encode_into_the_two_guide_inputs() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert Request(prompt="x", json_schema=schema).inputs()["guided_decoding_guide"] == '{"type": "object", "properties": {"n": {"type": "integer"}}}'
+    assert Request(prompt="x", choice=["a", "b"]).inputs()["guided_decoding_guide_type"] == "choice"
+    assert Request(prompt="x", json_object=True).inputs()["guided_decoding_guide"] == ""
+    assert "guided_decoding_guide_type" not in Request(prompt="x", json_object=False).inputs()
 
 
 def test_unknown_request_parameters() -> None:
@@ -106,3 +135,20 @@ def test_stop_request_is_the_engines_required_inputs_and_stop() -> None:
     assert {t.name for t in C.ENGINE_INPUTS if not t.optional} <= set(names)
     for name, dtype, _ in C.STOP_REQUEST:
         assert engine[name].dtype is dtype
+
+
+def test_messages_carry_tool_calls_and_tool_call_ids_to_the_template() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    msgs = C.parse_messages(json.dumps([{"role": "user", "content": "hi"},
+                                        {"role": "assistant", "content": None, "tool_calls": [call]},
+                                        {"role": "tool", "tool_call_id": "c1", "content": "3"}]))
+    assert msgs[1] == {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert msgs[2] == {"role": "tool", "content": "3", "tool_call_id": "c1"}
+    for bad, fragment in [
+        ([{"role": "user", "content": "x", "tool_calls": [call]}], "unknown keys: tool_calls"),
+        ([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}],
+         "messages[0].tool_calls[0] must be"),
+        ([{"role": "tool", "content": "3", "tool_call_id": 7}], "tool_call_id must be a string"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            C.parse_messages(json.dumps(bad))

@@ -65,8 +65,9 @@ def test_completion_maps_prompt_and_ignore_eos() -> None:
 
 
 @pytest.mark.parametrize(("kind", "body", "param"), [
-    (oai.ChatCompletionRequest, {"messages": CHAT, "n": 2}, "n"),
-    (oai.ChatCompletionRequest, {"messages": CHAT, "logprobs": True}, "logprobs"),
+    (oai.ChatCompletionRequest, {"messages": CHAT, "n": 2, "tool_choice": "required",
+                                 "tools": [{"type": "function", "function": {"name": "f"}}]}, "n"),
+    (oai.ChatCompletionRequest, {"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),  # needs logprobs
     (oai.ChatCompletionRequest, {"messages": CHAT, "max_tokens": 3, "max_completion_tokens": 4},
      "max_completion_tokens"),
     (oai.ChatCompletionRequest, {"messages": CHAT, "ignore_eos": True}, "ignore_eos"),
@@ -142,8 +143,9 @@ def test_bad_bodies_are_400(client: TestClient) -> None:
     err = _error(client.post("/v1/completions", content=b"{not json"), 400)
     assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
     _error(client.post("/v1/completions", json=[1, 2]), 400)
-    err = _error(client.post("/v1/chat/completions", json={"model": "m", "messages": CHAT, "n": 3}), 400)
-    assert err["param"] == "n"
+    err = _error(client.post("/v1/chat/completions", json={"model": "m", "messages": CHAT,
+                                                           "tool_choice": "required"}), 400)
+    assert err["param"] == "tool_choice"
 
 
 def test_unknown_model_is_404(client: TestClient) -> None:
@@ -214,3 +216,23 @@ def test_compose_gateway_service_runs_this_command() -> None:
     _register_all()
     res = CliRunner().invoke(cli_app, ["gateway", "--help"])
     assert all(flag in res.output for flag in opts)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("logit_bias", {"50256": -100}), ("audio", {"voice": "alloy", "format": "wav"}),
+    ("modalities", ["text", "audio"]), ("prediction", {"type": "content", "content": "x"}),
+    ("web_search_options", {}), ("functions", [{"name": "f"}]), ("function_call", "auto"),
+    ("reasoning_effort", "low"), ("verbosity", "low"),
+    ("temprature", 0.5), ("best_off", 2),  # unknown to OpenAI's API too
+])
+def test_every_field_the_gateway_cannot_honour_is_a_400_naming_it(field: str, value: Any) -> None:
+    for kind, body in ((oai.ChatCompletionRequest, {"messages": CHAT}), (oai.CompletionRequest, {"prompt": "a"})):
+        with pytest.raises(oai.ApiError) as exc:
+            oai.parse(kind, {"model": "m", **body, field: value}).to_request()
+        assert exc.value.status == 400 and exc.value.param == field and field in exc.value.message
+
+
+def test_metadata_fields_and_no_op_values_pass() -> None:
+    body = {"model": "m", "messages": CHAT, "user": "u1", "store": False, "metadata": {"k": "v"},
+            "service_tier": "auto", "logit_bias": {}, "modalities": ["text"]}
+    assert oai.parse(oai.ChatCompletionRequest, body).to_request().messages == tuple(CHAT)

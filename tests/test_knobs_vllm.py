@@ -159,6 +159,37 @@ def knob_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         yield addresses
 
 
+# -- LoRA by name from the typed client and the gateway (next to the knob itself below) ----
+def test_lora_adapter_by_name_from_the_typed_client_and_the_gateway(knob_server: dict[str, Any],
+                                                                   lora_oracle: Any) -> None:
+    """``Request(lora=...)``, and in the gateway the adapter's own model id or
+    ``<model>:<adapter>`` (listed by /v1/models with the served model as parent, as vLLM's
+    server lists adapters), give the adapter's output, equal to offline vLLM's."""
+    import openai
+    from tritonforge.clients import Request
+    from tritonforge.gateway import run_gateway_in_thread
+
+    prompt = "Once upon a time, there was a little"
+    offline = lora_oracle.generate(prompt, lora=(LORA_NAME, 1, str(lora_adapter())),
+                                   max_tokens=16, temperature=0.0)["text"]
+    with Client(knob_server["grpc"], model=MODEL) as client:
+        assert client.lora_adapters() == [LORA_NAME]
+        assert client.complete(Request(prompt=prompt, max_tokens=16, temperature=0.0, lora=LORA_NAME)).text == offline
+        base = client.complete(Request(prompt=prompt, max_tokens=16, temperature=0.0)).text
+    assert base != offline
+    with run_gateway_in_thread(knob_server["grpc"], MODEL) as gw, \
+            openai.OpenAI(base_url=gw.url, api_key="unused", max_retries=0, timeout=300) as sdk:
+        cards = {m.id: m for m in sdk.models.list()}
+        assert set(cards) == {MODEL, LORA_NAME} and cards[LORA_NAME].parent == MODEL  # type: ignore[attr-defined]
+        for name in (LORA_NAME, f"{MODEL}:{LORA_NAME}"):
+            reply = sdk.completions.create(model=name, prompt=prompt, max_tokens=16, temperature=0)
+            assert reply.choices[0].text == offline and reply.model == name
+        assert sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0).choices[0].text == base
+        with pytest.raises(openai.NotFoundError) as err:
+            sdk.completions.create(model=f"{MODEL}:nope", prompt=prompt, max_tokens=4)
+        assert LORA_NAME in str(err.value)
+
+
 # -- prefix caching -------------------------------------------------------------------------
 def test_prefix_cache_hits_rise_and_ttft_falls(knob_server: dict[str, Any]) -> None:
     m = knob_server["metrics"]

@@ -185,6 +185,16 @@ def test_preprocess_chat_and_stop_words(smol_tokenizer) -> None:  # type: ignore
         ({"text_input": "hi", "min_p": 1.5}, "min_p must be a number in [0, 1]"),
         ({"text_input": "hi", "beam_width": 4}, "beam_width is not supported by this deployment's engine"),
         ({"text_input": "hi", "length_penalty": 2.0}, "length_penalty is not supported"),
+        # structured-output guides: the structure (contract), then compiled with xgrammar
+        ({"text_input": "hi", "guided_decoding_guide_type": "regex", "guided_decoding_guide": "(a"},
+         "guided_decoding_guide is not a valid regex: Regex parsing error"),
+        ({"text_input": "hi", "guided_decoding_guide_type": "json_schema",
+          "guided_decoding_guide": '{"type": "strin"}'}, 'not a valid json_schema: Unsupported type "strin"'),
+        ({"text_input": "hi", "guided_decoding_guide_type": "ebnf_grammar",
+          "guided_decoding_guide": 'start ::= "a"'}, 'The root rule with name "root" is not found'),
+        ({"text_input": "hi", "guided_decoding_guide_type": "choice", "guided_decoding_guide": "red"},
+         "guided_decoding_guide (choice) is not valid JSON"),
+        ({"text_input": "hi", "guided_decoding_guide_type": "xml"}, "guided_decoding_guide_type must be one of"),
     ],
 )
 def test_preprocess_rejects_bad_requests(smol_tokenizer, values: dict, fragment: str) -> None:  # type: ignore[no-untyped-def]
@@ -279,3 +289,27 @@ def test_engine_input_parsing_checks_structure() -> None:
         parse_engine_inputs({**base, "request_output_len": np.array([[0]], dtype=np.int32)}, decoupled=True)
     streaming = parse_engine_inputs({**base, "streaming": np.array([[True]])}, decoupled=False)
     assert streaming.streaming is False  # a non-decoupled engine answers once
+
+
+def test_guides_travel_to_vllms_structured_outputs(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Preprocessing passes a checked guide on as two strings; the engine model reads them
+    back and the vLLM adapter builds vLLM's own StructuredOutputsParams from them."""
+    from tritonforge.triton_models.engine.vllm import structured_outputs
+
+    pre = _pre(smol_tokenizer)
+    plain = pre.process(_req(text_input="hi"))
+    assert plain[pre_output("guided_decoding_guide_type")].tolist() == [[b""]]
+    cases = [("json_schema", '{"type": "object"}', "json", {"type": "object"}),
+             ("regex", "[0-9]{3}", "regex", "[0-9]{3}"),
+             ("choice", '["red", "blue"]', "choice", ["red", "blue"]),
+             ("ebnf_grammar", 'root ::= "a"', "grammar", 'root ::= "a"'),
+             ("json", "", "json_object", True)]
+    for guide_type, guide, field, want in cases:
+        out = pre.process(_req(text_input="hi", guided_decoding_guide_type=guide_type,
+                               guided_decoding_guide=guide))
+        engine_in = {k.removeprefix("out_"): v for k, v in out.items()}
+        req = parse_engine_inputs(engine_in, decoupled=True)
+        assert (req.guide_type, req.guide) == (guide_type, guide)
+        assert getattr(structured_outputs(req), field) == want
+    assert structured_outputs(parse_engine_inputs({k.removeprefix("out_"): v for k, v in plain.items()},
+                                                  decoupled=True)) is None

@@ -52,6 +52,9 @@ __all__ = [
     "ENSEMBLE_INPUTS",
     "ENSEMBLE_OUTPUTS",
     "FINAL_RESPONSE_PARAMETER",
+    "GUIDES",
+    "GUIDE_INPUT",
+    "GUIDE_TYPE_INPUT",
     "LIMITS",
     "LORA_CONFIG_FILE",
     "LORA_ENGINE_INPUTS",
@@ -76,15 +79,19 @@ __all__ = [
     "ErrorInfo",
     "ErrorKind",
     "FinishReason",
+    "Guide",
+    "GuideType",
     "Limits",
     "Param",
     "ParameterError",
     "RequestParam",
     "Tensor",
     "by_name",
+    "check_guide",
     "check_request_parameters",
     "check_request_values",
     "closest",
+    "encode_guide",
     "engine_inputs_for",
     "engine_request_id",
     "format_error",
@@ -250,6 +257,7 @@ class Limits:
     max_stop_words: int = 32
     max_word_bytes: int = 1024
     max_messages: int = 1024
+    max_guide_bytes: int = 262_144  # guided_decoding_guide (a JSON schema, a grammar, ...)
     message_roles: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
 
@@ -258,7 +266,7 @@ LIMITS: Final = Limits()
 
 # ----------------------------------------------------------------------------------------
 # THE request-parameter table.
-ParamKind = Literal["prompt", "scalar", "words", "adapter"]
+ParamKind = Literal["prompt", "scalar", "words", "adapter", "text"]
 _ALL_ENGINES: Final = frozenset(EngineKind)
 
 
@@ -269,7 +277,8 @@ class RequestParam:
     ``kind`` says how preprocessing turns it into engine inputs: ``prompt`` (text_input /
     messages -> ``input_ids``), ``scalar`` (passed on, default filled), ``words`` (strings ->
     TensorRT-LLM's ``[2, L]`` token-id word list), ``adapter`` (a LoRA adapter name -> its
-    task id). ``low``/``high`` are inclusive unless ``low_open``/``high_open``.
+    task id), ``text`` (one UTF-8 string passed on, e.g. a structured-output guide).
+    ``low``/``high`` are inclusive unless ``low_open``/``high_open``.
     """
 
     name: str  # ensemble input name (reference TensorRT-LLM ensemble names)
@@ -329,6 +338,14 @@ def _num_text(v: float) -> str:
 
 _I32: Final = 2**31 - 1
 _VLLM_ONLY: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})
+_OWN_ENGINES: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})  # tritonforge's engine model
+_VLLM_ENGINE: Final = frozenset({EngineKind.VLLM})
+_LOGPROBS_UNSUPPORTED: Final = (
+    "tritonforge's postprocessing passes on log-probabilities from its own engine models only "
+    "so far, not yet the C++ backend's output_log_probs")
+_GUIDES_UNSUPPORTED: Final = (
+    "tritonforge passes structured-output guides to its vLLM engine model only so far "
+    "(TensorRT-LLM needs guided_decoding_backend: xgrammar and its tokenizer info)")
 
 REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
     RequestParam("text_input", DType.STRING, "Prompt text (UTF-8). One of text_input / messages.",
@@ -388,7 +405,31 @@ REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
     RequestParam("exclude_input_in_output", DType.BOOL, "Do not echo the prompt (default true).",
                  default=True, spec_default=True),
     RequestParam("lora_name", DType.STRING, "Name of a LoRA adapter from the spec.", kind="adapter",
-                 engine="lora_task_id", engine_dtype=DType.UINT64, requires="lora"),
+                 engine="lora_task_id", engine_dtype=DType.UINT64, requires="lora", client="lora"),
+    RequestParam("num_return_sequences", DType.INT32,
+                 "Independent sequences to generate for the prompt (OpenAI n); each response "
+                 "carries its sequence_index. Streaming ensemble only.",
+                 default=1, low=1, high=16, client="n", engines=_VLLM_ENGINE,
+                 why_unsupported="tritonforge passes num_return_sequences to its vLLM engine model only so far"),
+    RequestParam("return_log_probs", DType.BOOL,
+                 "Return the log-probability of each generated token (output_log_probs).",
+                 default=False, client="logprobs", engines=_OWN_ENGINES,
+                 why_unsupported=_LOGPROBS_UNSUPPORTED),
+    RequestParam("top_logprobs", DType.INT32,
+                 "With return_log_probs: also this many most likely tokens at each position "
+                 "(output_top_log_probs); 0: none.",
+                 default=0, low=0, high=20, client="top_logprobs", engines=_VLLM_ENGINE,
+                 why_unsupported="only the vLLM engine model returns the most likely alternatives"),
+    RequestParam("guided_decoding_guide_type", DType.STRING,
+                 "Structured output: what guided_decoding_guide is -- json (any JSON object; no "
+                 "guide), json_schema, regex, choice or ebnf_grammar; empty: unconstrained.",
+                 kind="text", default="", engines=_VLLM_ENGINE,
+                 why_unsupported=_GUIDES_UNSUPPORTED),
+    RequestParam("guided_decoding_guide", DType.STRING,
+                 "The guide: a JSON schema, a regular expression (matched in full), a JSON list "
+                 "of strings (choice) or an EBNF grammar with a root rule.",
+                 kind="text", default="", engines=_VLLM_ENGINE,
+                 why_unsupported=_GUIDES_UNSUPPORTED),
 )
 
 _PARAMS: Final = {p.name: p for p in REQUEST_PARAMETERS}
@@ -397,6 +438,99 @@ _PARAMS: Final = {p.name: p for p in REQUEST_PARAMETERS}
 def param(name: str) -> RequestParam:
     """The row of request parameter ``name`` (its ensemble input name)."""
     return _PARAMS[name]
+
+
+# ----------------------------------------------------------------------------------------
+# Structured outputs: the values of ``guided_decoding_guide_type`` and what each guide is.
+class GuideType(str, enum.Enum):
+    """What ``guided_decoding_guide`` holds: TensorRT-LLM's guide types (its engine contract's
+    names), plus ``choice`` (vLLM's; the guide is a JSON list of strings)."""
+
+    JSON = "json"  # any JSON object; no guide
+    JSON_SCHEMA = "json_schema"  # a JSON schema (JSON text)
+    REGEX = "regex"  # a regular expression the whole output matches
+    CHOICE = "choice"  # a JSON list of strings: the output is exactly one of them
+    EBNF_GRAMMAR = "ebnf_grammar"  # an EBNF grammar (GBNF style, with a ``root`` rule)
+
+
+@dataclass(frozen=True)
+class Guide:
+    """One guide type: the typed client's ``Request`` field and the gateway's vLLM-style
+    request field that ask for it."""
+
+    type: GuideType
+    client: str
+    openai: str | None
+    doc: str
+
+
+GUIDES: Final[tuple[Guide, ...]] = (
+    Guide(GuideType.JSON, "json_object", None,
+          "true: any JSON object (OpenAI's response_format json_object)"),
+    Guide(GuideType.JSON_SCHEMA, "json_schema", "guided_json", "a JSON schema (a dict, or its JSON text)"),
+    Guide(GuideType.REGEX, "regex", "guided_regex", "a regular expression the whole output matches"),
+    Guide(GuideType.CHOICE, "choice", "guided_choice", "a list of strings: the output is one of them"),
+    Guide(GuideType.EBNF_GRAMMAR, "grammar", "guided_grammar", "an EBNF grammar with a root rule"),
+)
+GUIDE_TYPE_INPUT: Final = "guided_decoding_guide_type"
+GUIDE_INPUT: Final = "guided_decoding_guide"
+
+
+def encode_guide(guide: Guide, value: Any) -> dict[str, str]:
+    """The two ensemble inputs that ask for ``value`` as ``guide`` (a schema dict and a
+    choice list travel as JSON text; ``json_object`` takes ``True`` and sends no guide)."""
+    if guide.type is GuideType.JSON:
+        text = ""
+    elif isinstance(value, str):
+        text = value
+    elif guide.type is GuideType.JSON_SCHEMA and isinstance(value, Mapping):
+        text = json.dumps(dict(value), ensure_ascii=False)
+    elif guide.type is GuideType.CHOICE and isinstance(value, (list, tuple)):
+        text = json.dumps(list(value), ensure_ascii=False)
+    else:
+        raise ParameterError(f"{guide.client} must be {guide.doc}; got {value!r}", guide.client)
+    return {GUIDE_TYPE_INPUT: guide.type.value, GUIDE_INPUT: text}
+
+
+def check_guide(guide_type: str, guide: str, limits: Limits = LIMITS) -> Any:
+    """Check a guide's structure (what any client can check; the server also compiles it):
+    :class:`ParameterError` naming the input at fault. Returns the guide parsed -- the
+    schema's dict, the choice list, or the text -- or ``None`` when there is no guide."""
+    if not guide_type:
+        if guide:
+            raise ParameterError(f"{GUIDE_INPUT} needs {GUIDE_TYPE_INPUT} (one of "
+                                 + ", ".join(t.value for t in GuideType) + ")", GUIDE_TYPE_INPUT)
+        return None
+    try:
+        kind = GuideType(guide_type)
+    except ValueError:
+        raise ParameterError(f"{GUIDE_TYPE_INPUT} must be one of " + ", ".join(t.value for t in GuideType)
+                             + f"; got {guide_type!r}", GUIDE_TYPE_INPUT) from None
+    if len(guide.encode("utf-8")) > limits.max_guide_bytes:
+        raise ParameterError(f"{GUIDE_INPUT} must be at most {limits.max_guide_bytes} bytes", GUIDE_INPUT)
+    if "\x00" in guide:
+        raise ParameterError(f"{GUIDE_INPUT} must not contain a NUL character", GUIDE_INPUT)
+    if kind is GuideType.JSON:
+        if guide:
+            raise ParameterError(f"{GUIDE_TYPE_INPUT} json takes no {GUIDE_INPUT} (any JSON object); "
+                                 "send json_schema to give a schema", GUIDE_INPUT)
+        return None
+    if not guide.strip():
+        raise ParameterError(f"{GUIDE_INPUT} is empty; {kind.value} needs a guide", GUIDE_INPUT)
+    if kind in (GuideType.JSON_SCHEMA, GuideType.CHOICE):
+        try:
+            value = json.loads(guide)
+        except json.JSONDecodeError as exc:
+            raise ParameterError(f"{GUIDE_INPUT} ({kind.value}) is not valid JSON: {exc}", GUIDE_INPUT) from None
+        if kind is GuideType.JSON_SCHEMA and not isinstance(value, dict):
+            raise ParameterError(f"{GUIDE_INPUT} (json_schema) must be a JSON object (a schema); "
+                                 f"got {type(value).__name__}", GUIDE_INPUT)
+        if kind is GuideType.CHOICE and (not isinstance(value, list) or not value
+                                         or not all(isinstance(c, str) and c for c in value)):
+            raise ParameterError(f"{GUIDE_INPUT} (choice) must be a JSON list of non-empty strings; "
+                                 f"got {guide[:200]!r}", GUIDE_INPUT)
+        return value
+    return guide
 
 
 # Defaults a request gets for what it omits; the spec's ``defaults`` section overrides them.
@@ -462,6 +596,10 @@ def check_request_values(
             raise ParameterError(
                 f"{name} is not supported by this deployment's engine ({engine.value}): "
                 f"{p.why_unsupported}; leave it out", name)
+    if GUIDE_TYPE_INPUT in values or GUIDE_INPUT in values:
+        gt, g = values.get(GUIDE_TYPE_INPUT, ""), values.get(GUIDE_INPUT, "")
+        if isinstance(gt, str) and isinstance(g, str):
+            check_guide(gt, g, limits)
     mt, mn = values.get("max_tokens"), values.get("min_tokens")
     if isinstance(mt, int) and isinstance(mn, int) and mn > mt:
         raise ParameterError(f"min_tokens must be <= max_tokens ({mt}); got {mn}", "min_tokens")
@@ -522,6 +660,15 @@ ENSEMBLE_OUTPUTS: Final[tuple[Tensor, ...]] = (
            'Empty while streaming; "stop", "length" or "cancelled" on the last response.'),
     Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
     Tensor("num_output_tokens", DType.INT32, (1,), False, "Tokens carried by this response."),
+    Tensor("sequence_index", DType.INT32, (1,), False,
+           "Which of the num_return_sequences sequences (from 0) this response carries; each "
+           "sequence's last response has its finish_reason."),
+    Tensor("output_log_probs", DType.FP32, (-1,), False,
+           "With return_log_probs: the log-probability of each token of this response; else empty."),
+    Tensor("output_top_log_probs", DType.STRING, (1,), False,
+           'With return_log_probs: JSON, one entry per token of this response, '
+           '{"token": its text, "top": [[text, log-probability], ...]} (top_logprobs of '
+           'them, most likely first); else empty.'),
 )
 
 # ----------------------------------------------------------------------------------------
@@ -532,7 +679,6 @@ _ENGINE_CORE_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("input_lengths", DType.INT32, (1,), False, "Number of prompt tokens."),
 )
 _ENGINE_CONTROL_INPUTS: Final[tuple[Tensor, ...]] = (
-    Tensor("return_log_probs", DType.BOOL, (1,), True),
     Tensor("stop", DType.BOOL, (1,), True, "Cancel the live request with this request id."),
     Tensor("embedding_bias", DType.FP32, (-1,), True),
 )
@@ -580,6 +726,11 @@ ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("error", DType.STRING, (1,), False,
            "Empty, or on a last response with finish_reason 'error': the tagged error "
            "(format_error) of a request that failed after it had streamed."),
+    Tensor("sequence_index", DType.INT32, (1,), False,
+           "Which of num_return_sequences this response carries (TensorRT-LLM's output name)."),
+    Tensor("top_log_probs", DType.STRING, (1,), False,
+           "With top_logprobs > 0: JSON, per token of output_ids, its [[token id, "
+           "log-probability], ...] most likely first; else empty."),
 )
 
 # Why a request that has already streamed fails in-band (a final response carrying
@@ -671,6 +822,9 @@ POSTPROCESSING_INPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("engine_num_input_tokens", DType.INT32, (1,), True),
     Tensor("engine_request_key", DType.UINT64, (1,), True),
     Tensor("engine_error", DType.STRING, (1,), True),
+    Tensor("engine_output_log_probs", DType.FP32, (-1, -1), True),
+    Tensor("engine_top_log_probs", DType.STRING, (1,), True),
+    Tensor("engine_sequence_index", DType.INT32, (1,), True),
 )
 POSTPROCESSING_OUTPUTS: Final[tuple[Tensor, ...]] = ENSEMBLE_OUTPUTS
 
@@ -685,6 +839,9 @@ POSTPROCESSING_SOURCES: Final[dict[str, tuple[str, str]]] = {
     "engine_num_input_tokens": ("engine", "num_input_tokens"),
     "engine_request_key": ("engine", "request_key"),
     "engine_error": ("engine", "error"),
+    "engine_output_log_probs": ("engine", "output_log_probs"),
+    "engine_top_log_probs": ("engine", "top_log_probs"),
+    "engine_sequence_index": ("engine", "sequence_index"),
 }
 
 
@@ -712,10 +869,32 @@ class Param(str, enum.Enum):
     ENGINE_DECOUPLED = "tritonforge_engine_decoupled"  # preprocessing: "true" if the engine streams
 
 
-def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:
+def _tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` (OpenAI's shape), checked."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list) or not calls:
+        raise ValueError(f"{where} must be a non-empty list of tool calls")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(call, dict) or set(call) - {"id", "type", "function"} or call.get("type", "function")
+                != "function" or not isinstance(call.get("id", ""), str) or not isinstance(fn, dict)
+                or set(fn) - {"name", "arguments"} or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("arguments"), str)):
+            raise ValueError(f'{where}[{j}] must be {{"id", "type": "function", "function": '
+                             '{"name": str, "arguments": JSON text}}')
+        out.append({"id": call.get("id", ""), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+    return out
+
+
+def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, Any]]:
     """Parse and check the ``messages`` JSON input; raise ``ValueError`` naming the problem.
 
     Shared by the preprocessing model and the clients so both accept exactly the same input.
+    Besides ``role``/``content``/``name``, an assistant message may carry ``tool_calls``
+    (its content may then be empty or null) and a tool message its ``tool_call_id``; both
+    go on to the chat template.
     """
     try:
         value: Any = json.loads(raw)
@@ -725,7 +904,7 @@ def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:
         raise ValueError("messages must be a non-empty JSON list of {role, content} objects")
     if len(value) > limits.max_messages:
         raise ValueError(f"messages has {len(value)} entries; at most {limits.max_messages} are allowed")
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for i, msg in enumerate(value):
         if not isinstance(msg, dict):
             raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
@@ -734,12 +913,25 @@ def parse_messages(raw: str, limits: Limits = LIMITS) -> list[dict[str, str]]:
             raise ValueError(
                 f"messages[{i}].role must be one of {', '.join(limits.message_roles)}; got {role!r}"
             )
+        calls = msg.get("tool_calls")
+        if content is None and calls is not None:
+            content = ""
         if not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string")
-        extra = set(msg) - {"role", "content", "name"}
+        allowed = {"role", "content", "name"} | ({"tool_calls"} if role == "assistant" else set()) \
+            | ({"tool_call_id"} if role == "tool" else set())
+        extra = set(msg) - allowed
         if extra:
-            raise ValueError(f"messages[{i}] has unknown keys: {', '.join(sorted(extra))}")
-        out.append({"role": role, "content": content})
+            raise ValueError(f"messages[{i}] has unknown keys: {', '.join(sorted(extra))}"
+                             " (tool_calls go on assistant messages, tool_call_id on tool ones)")
+        one: dict[str, Any] = {"role": role, "content": content}
+        if calls is not None:
+            one["tool_calls"] = _tool_calls(i, calls)
+        if "tool_call_id" in msg:
+            if not isinstance(msg["tool_call_id"], str):
+                raise ValueError(f"messages[{i}].tool_call_id must be a string")
+            one["tool_call_id"] = msg["tool_call_id"]
+        out.append(one)
     return out
 
 

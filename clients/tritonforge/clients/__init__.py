@@ -19,11 +19,13 @@ from tritonforge.clients._base import ModelInfo
 from tritonforge.clients._client import AsyncClient, AsyncStream, Client, Stream
 from tritonforge.clients._models import (
     USE_CLIENT_DEFAULT,
+    Choice,
     Chunk,
     Completion,
     Message,
     Request,
     RequestOverrides,
+    TokenLogprob,
     UseClientDefault,
 )
 from tritonforge.clients.exceptions import (
@@ -48,6 +50,7 @@ __all__ = [
     "AsyncClient",
     "AsyncStream",
     "Cancelled",
+    "Choice",
     "Chunk",
     "Client",
     "Completion",
@@ -69,6 +72,7 @@ __all__ = [
     "StreamConsumed",
     "StreamError",
     "Timeout",
+    "TokenLogprob",
     "TritonForgeError",
     "UseClientDefault",
 ]

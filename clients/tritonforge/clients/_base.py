@@ -15,11 +15,13 @@ from tritonforge import contract
 from tritonforge.clients import _wire
 from tritonforge.clients._models import (
     USE_CLIENT_DEFAULT,
+    Choice,
     Chunk,
     Completion,
     Request,
     RequestOverrides,
     TimeoutTypes,
+    TokenLogprob,
 )
 from tritonforge.clients.exceptions import (
     Cancelled,
@@ -132,13 +134,16 @@ class Recorder:
         self.request = request
         self.timeout = timeout
         self.sent = time.perf_counter()
-        self._parts: list[str] = []
         self._prompt_tokens = 0
         self._tokens = 0
-        self._finish = contract.FinishReason.NONE
         self._first: float | None = None
         self._last: float | None = None
         self._gaps: list[float] = []
+        # per sequence (Request.n): texts, finish reason, tokens, log-probabilities
+        self._parts: dict[int, list[str]] = {0: []}
+        self._finish: dict[int, contract.FinishReason] = {0: contract.FinishReason.NONE}
+        self._seq_tokens: dict[int, int] = {0: 0}
+        self._logprobs: dict[int, list[TokenLogprob]] = {0: []}
         self._index = 0
         self._end: float | None = None
 
@@ -166,8 +171,13 @@ class Recorder:
             # ensemble error there would leak in Triton 2.51; see contract.ENGINE_EXTRA_OUTPUTS).
             raise Cancelled("request cancelled on the server (a stop for it, or the server "
                             "shutting down)")
+        seq = event.sequence
+        self._parts.setdefault(seq, [])
+        self._logprobs.setdefault(seq, [])
+        self._seq_tokens.setdefault(seq, 0)
+        self._finish.setdefault(seq, contract.FinishReason.NONE)
         if event.finish_reason is not contract.FinishReason.NONE:
-            self._finish = event.finish_reason
+            self._finish[seq] = event.finish_reason
         carries = bool(event.text) or event.tokens > 0
         if not carries and event.finish_reason is contract.FinishReason.NONE:
             return None
@@ -177,9 +187,12 @@ class Recorder:
             elif self._last is not None:
                 self._gaps.append(now - self._last)
             self._last = now
-            self._parts.append(event.text)
+            self._parts[seq].append(event.text)
             self._tokens += event.tokens
-        chunk = Chunk(event.text, event.tokens, self._index, now - self.sent, event.finish_reason)
+            self._seq_tokens[seq] += event.tokens
+        self._logprobs[seq].extend(event.logprobs)
+        chunk = Chunk(event.text, event.tokens, self._index, now - self.sent, event.finish_reason,
+                      event.logprobs, seq)
         self._index += 1
         return chunk
 
@@ -192,9 +205,11 @@ class Recorder:
         itl = None
         if ttft is not None and self._tokens > 1:
             itl = (latency - ttft) / (self._tokens - 1)
+        choices = tuple(Choice(i, "".join(self._parts[i]), self._finish[i], self._seq_tokens[i],
+                               tuple(self._logprobs[i])) for i in sorted(self._parts))
         return Completion(
-            text="".join(self._parts),
-            finish_reason=self._finish,
+            text=choices[0].text,
+            finish_reason=choices[0].finish_reason,
             prompt_tokens=self._prompt_tokens,
             completion_tokens=self._tokens,
             ttft=ttft,
@@ -204,6 +219,8 @@ class Recorder:
             chunks=self._index,
             model=self.model,
             request_id=self.request.request_id,
+            logprobs=choices[0].logprobs,
+            choices=choices,
         )
 
 

@@ -48,6 +48,7 @@ from tritonforge.clients.exceptions import (
     Timeout,
     TritonForgeError,
 )
+from tritonforge.contract import MODEL_PREPROCESSING
 from typing_extensions import Self, Unpack
 
 __all__ = ["AsyncClient", "AsyncStream", "Client", "Stream"]
@@ -442,6 +443,10 @@ class Client(BaseClient):
         except Exception:  # noqa: BLE001 - cancellation is best effort; the stream is gone
             pass
 
+    def lora_adapters(self) -> list[str]:
+        """The names of the LoRA adapters the deployment serves (``Request(lora=...)``)."""
+        return _wire.lora_names(self._get_transport().config(MODEL_PREPROCESSING))
+
     def models(self) -> list[ModelInfo]:
         """The server's model repository index."""
         return self._get_transport().index()
@@ -558,6 +563,10 @@ class AsyncClient(BaseClient):
             raise
         except Exception:  # noqa: BLE001 - cancellation is best effort; the stream is gone
             pass
+
+    async def lora_adapters(self) -> list[str]:
+        """The names of the LoRA adapters the deployment serves (``Request(lora=...)``)."""
+        return _wire.lora_names(await (await self._get_transport()).config(MODEL_PREPROCESSING))
 
     async def models(self) -> list[ModelInfo]:
         """The server's model repository index."""

@@ -127,15 +127,18 @@ class GrpcTransport:
         )
         return _index(self._pb, reply)
 
-    def platform(self, model: str) -> str:
-        reply = self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
-        return str(reply.config.platform)
-
-    def engine_of(self, model: str) -> str | None:
+    def config(self, model: str) -> dict[str, Any]:
+        """The model's configuration, in its JSON form (as HTTP answers it)."""
         from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 
         reply = self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
-        return _wire.engine_step(MessageToDict(reply.config, preserving_proto_field_name=True))
+        return dict(MessageToDict(reply.config, preserving_proto_field_name=True))
+
+    def platform(self, model: str) -> str:
+        return str(self.config(model).get("platform", ""))
+
+    def engine_of(self, model: str) -> str | None:
+        return _wire.engine_step(self.config(model))
 
     def stop(self, engine: str, request_id: str, timeout: float) -> None:
         call = self._stub.ModelStreamInfer(iter([_wire.grpc_stop_request(engine, request_id)]),
@@ -214,15 +217,17 @@ class AsyncGrpcTransport:
         )
         return _index(self._pb, reply)
 
-    async def platform(self, model: str) -> str:
-        reply = await self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
-        return str(reply.config.platform)
-
-    async def engine_of(self, model: str) -> str | None:
+    async def config(self, model: str) -> dict[str, Any]:
         from google.protobuf.json_format import MessageToDict
 
         reply = await self._unary(self._stub.ModelConfig, self._pb.ModelConfigRequest(name=model))
-        return _wire.engine_step(MessageToDict(reply.config, preserving_proto_field_name=True))
+        return dict(MessageToDict(reply.config, preserving_proto_field_name=True))
+
+    async def platform(self, model: str) -> str:
+        return str((await self.config(model)).get("platform", ""))
+
+    async def engine_of(self, model: str) -> str | None:
+        return _wire.engine_step(await self.config(model))
 
     async def stop(self, engine: str, request_id: str, timeout: float) -> None:
         call = self._stub.ModelStreamInfer(_one(_wire.grpc_stop_request(engine, request_id)),

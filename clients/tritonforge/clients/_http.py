@@ -181,17 +181,18 @@ class HttpTransport:
             raise status_error(reply.status_code, error_text(reply.text))
         return _index(reply.json())
 
-    def platform(self, model: str) -> str:
+    def config(self, model: str) -> dict[str, Any]:
+        """The model's configuration (JSON)."""
         reply = self._call("GET", f"/v2/models/{model}/config")
         if reply.status_code != 200:
             raise status_error(reply.status_code, error_text(reply.text))
-        return str(reply.json().get("platform", ""))
+        return dict(reply.json())
+
+    def platform(self, model: str) -> str:
+        return str(self.config(model).get("platform", ""))
 
     def engine_of(self, model: str) -> str | None:
-        reply = self._call("GET", f"/v2/models/{model}/config")
-        if reply.status_code != 200:
-            raise status_error(reply.status_code, error_text(reply.text))
-        return _wire.engine_step(reply.json())
+        return _wire.engine_step(self.config(model))
 
     def stop(self, engine: str, request_id: str, timeout: float) -> None:
         # Its own connection: the shared pool may be busy with the very stream being closed
@@ -270,17 +271,17 @@ class AsyncHttpTransport:
             raise status_error(reply.status_code, error_text(reply.text))
         return _index(reply.json())
 
-    async def platform(self, model: str) -> str:
+    async def config(self, model: str) -> dict[str, Any]:
         reply = await self._call("GET", f"/v2/models/{model}/config")
         if reply.status_code != 200:
             raise status_error(reply.status_code, error_text(reply.text))
-        return str(reply.json().get("platform", ""))
+        return dict(reply.json())
+
+    async def platform(self, model: str) -> str:
+        return str((await self.config(model)).get("platform", ""))
 
     async def engine_of(self, model: str) -> str | None:
-        reply = await self._call("GET", f"/v2/models/{model}/config")
-        if reply.status_code != 200:
-            raise status_error(reply.status_code, error_text(reply.text))
-        return _wire.engine_step(reply.json())
+        return _wire.engine_step(await self.config(model))
 
     async def stop(self, engine: str, request_id: str, timeout: float) -> None:
         async with httpx.AsyncClient(base_url=self._client.base_url, timeout=timeout) as one_off:

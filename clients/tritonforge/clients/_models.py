@@ -13,14 +13,17 @@ from tritonforge import contract
 from tritonforge.clients.exceptions import InvalidRequest
 
 __all__ = [
+    "GUIDE_FIELDS",
     "REQUEST_TENSORS",
     "USE_CLIENT_DEFAULT",
+    "Choice",
     "Chunk",
     "Completion",
     "Message",
     "Request",
     "RequestOverrides",
     "TimeoutTypes",
+    "TokenLogprob",
     "UseClientDefault",
 ]
 
@@ -56,6 +59,9 @@ _WORD_FIELDS: Final = frozenset(
     p.client for p in contract.REQUEST_PARAMETERS if p.kind == "words" and p.client
 )
 _NOT_PARAMETERS: Final = frozenset({"request_id", "timeout"})
+# Structured-output fields -> their guide (contract.GUIDES): at most one per request, sent
+# as the guided_decoding_guide_type / guided_decoding_guide inputs.
+GUIDE_FIELDS: Final[dict[str, contract.Guide]] = {g.client: g for g in contract.GUIDES}
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,14 @@ class Request:
 
     Exactly one of ``prompt`` (plain text) and ``messages`` (chat; the server applies the
     model's chat template) is given. Sampling fields left at ``None`` are not sent, so the
-    server's defaults (from the deployment spec) apply. ``timeout`` is the whole request's
-    deadline in seconds: ``USE_CLIENT_DEFAULT`` takes the client's, ``None`` means none.
+    server's defaults (from the deployment spec) apply. At most one structured-output field
+    is given: ``json_schema`` (a dict or its JSON text), ``regex`` (matched in full),
+    ``choice`` (a list of strings), ``grammar`` (EBNF) or ``json_object=True`` (any JSON
+    object). ``logprobs=True`` returns each token's log-probability (``Chunk.logprobs``,
+    ``Completion.logprobs``), ``top_logprobs=k`` also the k most likely tokens at each.
+    ``n`` sequences come back as ``Completion.choices`` (chunks carry their ``sequence``).
+    ``lora`` names one of the deployment's LoRA adapters (``Client.lora_adapters()``). ``timeout`` is the whole request's deadline in seconds: ``USE_CLIENT_DEFAULT``
+    takes the client's, ``None`` means none.
     """
 
     prompt: str | None = None
@@ -82,6 +94,15 @@ class Request:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    n: int | None = None
+    lora: str | None = None
+    json_schema: Mapping[str, Any] | str | None = None
+    regex: str | None = None
+    choice: Sequence[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
     stream: bool = True
     request_id: str | None = None
     timeout: TimeoutTypes = field(default=USE_CLIENT_DEFAULT, compare=False)
@@ -91,7 +112,7 @@ class Request:
         if self.messages is not None and not isinstance(self.messages, (str, bytes)):
             msgs = tuple(dict(m) if isinstance(m, Mapping) else m for m in self.messages)
             object.__setattr__(self, "messages", msgs)
-        for name in _WORD_FIELDS:
+        for name in (*_WORD_FIELDS, "choice"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, bytes)):
                 object.__setattr__(self, name, tuple(value))
@@ -117,7 +138,16 @@ class Request:
             if value is None:
                 continue
             out[tensor] = list(value) if fname in _WORD_FIELDS else value
+        guides = self._guides()
+        if guides:
+            name, guide = guides[0]
+            out.update(contract.encode_guide(guide, getattr(self, name)))
         return out
+
+    def _guides(self) -> list[tuple[str, contract.Guide]]:
+        """The structured-output fields given (``json_object=False`` is none)."""
+        return [(name, g) for name, g in GUIDE_FIELDS.items()
+                if getattr(self, name) is not None and getattr(self, name) is not False]
 
     def validate(self) -> None:
         """Check the request with the server's own bounds; raise :class:`InvalidRequest`.
@@ -153,11 +183,21 @@ class Request:
             isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0
         ):
             raise InvalidRequest(f"timeout must be a positive number of seconds; got {self.timeout!r}")
-        values = {k: v for k, v in self.inputs().items() if contract.param(k).kind != "prompt"}
+        guides = self._guides()
+        if len(guides) > 1:
+            raise InvalidRequest("give at most one of " + ", ".join(GUIDE_FIELDS) + "; got "
+                                 + ", ".join(n for n, _ in guides), param=guides[1][0])
+        if self.json_object not in (None, True, False):
+            raise InvalidRequest(f"json_object must be true or false; got {self.json_object!r}",
+                                 param="json_object")
         try:
+            values = {k: v for k, v in self.inputs().items() if contract.param(k).kind != "prompt"}
             contract.check_request_values(values)
         except contract.ParameterError as exc:
-            raise InvalidRequest(str(exc), param=exc.param) from None
+            param = exc.param
+            if guides and param in (contract.GUIDE_INPUT, contract.GUIDE_TYPE_INPUT):
+                param = guides[0][0]  # the field this request set
+            raise InvalidRequest(str(exc), param=param) from None
 
 
 class RequestOverrides(TypedDict, total=False):
@@ -180,17 +220,37 @@ class RequestOverrides(TypedDict, total=False):
     presence_penalty: float | None
     frequency_penalty: float | None
     repetition_penalty: float | None
+    logprobs: bool | None
+    top_logprobs: int | None
+    n: int | None
+    lora: str | None
+    json_schema: Mapping[str, Any] | str | None
+    regex: str | None
+    choice: Sequence[str] | None
+    grammar: str | None
+    json_object: bool | None
     stream: bool
     request_id: str | None
     timeout: TimeoutTypes
 
 
 _fields = {f.name for f in dataclasses.fields(Request)} - _NOT_PARAMETERS
-if _fields != set(REQUEST_TENSORS) or set(RequestOverrides.__annotations__) - _NOT_PARAMETERS != _fields:
+if _fields != set(REQUEST_TENSORS) | set(GUIDE_FIELDS) or set(RequestOverrides.__annotations__) - _NOT_PARAMETERS != _fields:
     raise ImportError(  # pragma: no cover - fails at import if the contract drifts
         "tritonforge.clients: Request fields differ from the contract's request parameters: "
-        f"{sorted(_fields ^ set(REQUEST_TENSORS))}"
+        f"{sorted(_fields ^ (set(REQUEST_TENSORS) | set(GUIDE_FIELDS)))}"
     )
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token with its log-probability (``Request(logprobs=True)``) and, with
+    ``top_logprobs=k``, the k most likely tokens at its position as ``(text, logprob)``,
+    most likely first."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,6 +268,19 @@ class Chunk:
     index: int
     arrival: float
     finish_reason: contract.FinishReason = contract.FinishReason.NONE
+    logprobs: tuple[TokenLogprob, ...] = ()  # of this chunk's tokens, when asked for
+    sequence: int = 0  # which of the request's n sequences this chunk extends
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of the ``n`` sequences of a finished generation (``Completion.choices``)."""
+
+    index: int
+    text: str
+    finish_reason: contract.FinishReason
+    tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -233,10 +306,14 @@ class Completion:
     chunks: int
     model: str
     request_id: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # of every generated token, when asked for
+    choices: tuple[Choice, ...] = ()  # every sequence (Request.n); text etc. are the first's
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``finish_reason`` as its string value)."""
         out = dataclasses.asdict(self)
         out["finish_reason"] = self.finish_reason.value
         out["inter_token_latencies"] = list(self.inter_token_latencies)
+        for choice in out["choices"]:
+            choice["finish_reason"] = contract.FinishReason(choice["finish_reason"]).value
         return out

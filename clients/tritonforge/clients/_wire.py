@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from tritonforge import contract
+from tritonforge.clients._models import TokenLogprob
 from tritonforge.clients.exceptions import (
     Cancelled,
     EngineError,
@@ -53,6 +54,9 @@ OUTPUT_TEXT: Final = _OUT["text_output"].name
 OUTPUT_FINISH: Final = _OUT["finish_reason"].name
 OUTPUT_PROMPT_TOKENS: Final = _OUT["num_input_tokens"].name
 OUTPUT_TOKENS: Final = _OUT["num_output_tokens"].name
+OUTPUT_LOG_PROBS: Final = _OUT["output_log_probs"].name
+OUTPUT_SEQUENCE: Final = _OUT["sequence_index"].name
+OUTPUT_TOP_LOG_PROBS: Final = _OUT["output_top_log_probs"].name
 
 # struct format letter per fixed-size wire type.
 _STRUCT: Final[dict[str, str]] = {
@@ -75,6 +79,8 @@ class Event:
     prompt_tokens: int | None
     finish_reason: contract.FinishReason
     final: bool
+    logprobs: tuple[TokenLogprob, ...] = ()
+    sequence: int = 0  # sequence_index: which of num_return_sequences (Request.n)
 
 
 # ----------------------------------------------------------------------------------------
@@ -186,6 +192,17 @@ def engine_step(config: dict[str, Any]) -> str | None:
     return None
 
 
+def lora_names(preprocessing_config: dict[str, Any]) -> list[str]:
+    """The LoRA adapters a deployment serves by name: the keys of its preprocessing model's
+    ``tritonforge_lora_adapters`` parameter (its config in JSON form)."""
+    raw = ((preprocessing_config.get("parameters") or {}).get(contract.Param.LORA_ADAPTERS.value) or {})
+    try:
+        adapters = json.loads(raw.get("string_value") or "{}")
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"{contract.Param.LORA_ADAPTERS.value} is not JSON") from exc
+    return sorted(adapters) if isinstance(adapters, dict) else []
+
+
 def _contents_values(datatype: str, contents: Any) -> list[Any]:
     field = {
         "BYTES": "bytes_contents", "BOOL": "bool_contents", "INT32": "int_contents",
@@ -263,7 +280,26 @@ def _event(values: dict[str, list[Any]], *, final: bool) -> Event:
         prompt_tokens=int(prompt[0]) if prompt else None,
         finish_reason=reason,
         final=final,
+        logprobs=_logprobs(values),
+        sequence=int(values[OUTPUT_SEQUENCE][0]) if values.get(OUTPUT_SEQUENCE) else 0,
     )
+
+
+def _logprobs(values: dict[str, list[Any]]) -> tuple[TokenLogprob, ...]:
+    """The tokens' log-probabilities of one response (``output_log_probs`` with the texts
+    and alternatives of ``output_top_log_probs``); () when not asked for."""
+    lps = values.get(OUTPUT_LOG_PROBS) or []
+    raw = _text(values[OUTPUT_TOP_LOG_PROBS][0]) if values.get(OUTPUT_TOP_LOG_PROBS) else ""
+    if not lps:
+        return ()
+    try:
+        detail = json.loads(raw) if raw else []
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"{OUTPUT_TOP_LOG_PROBS} is not JSON: {raw[:200]!r}") from exc
+    if len(detail) != len(lps):
+        raise ProtocolError(f"{OUTPUT_LOG_PROBS} has {len(lps)} values for {len(detail)} tokens")
+    return tuple(TokenLogprob(str(d["token"]), float(lp), tuple((str(t), float(v)) for t, v in d["top"]))
+                 for lp, d in zip(lps, detail))
 
 
 # The transport's status class where there is one (gRPC code / HTTP status); ``None``

@@ -29,6 +29,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+from tritonforge import contract
 from tritonforge.clients import (
     AsyncClient,
     AsyncStream,
@@ -81,10 +82,15 @@ class GatewayConfig:
     """Triton's admin key, only needed to discover the model (default ``$TRITONFORGE_ADMIN_KEY``)."""
 
 
-def translate(exc: TritonForgeError) -> oai.ApiError:
-    """The OpenAI-shaped error (and HTTP status) for a client error."""
+def translate(exc: TritonForgeError, guide_field: str | None = None) -> oai.ApiError:
+    """The OpenAI-shaped error (and HTTP status) for a client error; ``guide_field`` is the
+    request's structured-output field (``response_format``, ``guided_json``, ...), named
+    when the server refuses the guide."""
     if isinstance(exc, InvalidRequest):
-        return oai.ApiError(400, str(exc), param=oai.openai_param(exc.param))
+        param = oai.openai_param(exc.param)
+        if guide_field is not None and exc.param in (contract.GUIDE_INPUT, contract.GUIDE_TYPE_INPUT):
+            param = guide_field
+        return oai.ApiError(400, str(exc), param=param)
     if isinstance(exc, Overloaded):
         return oai.ApiError(503, f"the server is at capacity, retry later: {exc}", "server_error",
                             code="overloaded")
@@ -131,6 +137,7 @@ class _Gateway:
         self.metrics = GatewayMetrics()
         self.client: AsyncClient | None = None
         self.created = int(time.time())
+        self.adapters: list[str] | None = None
 
     def start(self) -> None:
         c = self.config
@@ -150,6 +157,31 @@ class _Gateway:
         assert self.client.model is not None
         return self.client.model
 
+    async def lora_names(self) -> list[str]:
+        """The deployment's LoRA adapters (read once from Triton; none when unreadable)."""
+        if self.adapters is None:
+            assert self.client is not None
+            try:
+                self.adapters = await self.client.lora_adapters()
+            except TritonForgeError:
+                return []  # asked again next time
+        return self.adapters
+
+    async def adapter_for(self, model: str) -> tuple[str, str | None]:
+        """(the served ensemble, the LoRA adapter) a request's ``model`` names: the ensemble
+        itself, ``<ensemble>:<adapter>`` or an adapter's own id (as ``/v1/models`` lists
+        them, like vLLM's server); a 404 naming what is served otherwise."""
+        served = await self.model_name()
+        if model == served:
+            return served, None
+        names = await self.lora_names()
+        base, sep, adapter = model.partition(":")
+        if model in names or (sep and base == served and adapter in names):
+            return served, adapter if sep else model
+        offered = ", ".join([served, *names, *(f"{served}:{n}" for n in names)])
+        raise oai.ApiError(404, f"The model '{model}' does not exist; this server serves {offered}",
+                           param="model", code="model_not_found")
+
     def authorize(self, request: HttpRequest) -> None:
         key = self.config.api_key
         if key is None:
@@ -164,7 +196,8 @@ class _Generation:
     """The answer to one generation request, as an ASGI response (see the module docstring)."""
 
     def __init__(self, gw: _Gateway, endpoint: str, received: float, request: Request, model: str,
-                 stream: bool, include_usage: bool) -> None:
+                 stream: bool, include_usage: bool, guide_field: str | None = None,
+                 calling: oai.ToolCalling | None = None) -> None:
         self.gw = gw
         self.endpoint = endpoint
         self.received = received
@@ -172,6 +205,8 @@ class _Generation:
         self.model = model
         self.stream = stream
         self.include_usage = include_usage
+        self.guide_field = guide_field
+        self.calling = calling
         self.rid = request.request_id or oai.new_id("cmpl")
         self.created = int(time.time())
         self.chat = endpoint == CHAT
@@ -206,7 +241,7 @@ class _Generation:
                     else:
                         status = await self._json(s, send)
             except TritonForgeError as exc:  # nothing sent yet
-                err = translate(exc)
+                err = translate(exc, self.guide_field)
                 status = err.status
                 await _send_json(send, err.status, err.body())
         finally:
@@ -218,10 +253,27 @@ class _Generation:
             pass
         c = s.completion
         self._count(c)
-        build = oai.chat_response if self.chat else oai.completion_response
-        await _send_json(send, 200, build(self.rid, self.created, self.model, c.text, c.finish_reason,
-                                          c.prompt_tokens, c.completion_tokens))
+        asked = bool(self.request.logprobs)
+        if self.chat:
+            choices = [oai.chat_choice(ch.index, ch.text, ch.finish_reason, self._tool_calls(c),
+                                       oai.chat_logprobs(ch.logprobs) if asked else None) for ch in c.choices]
+            body = oai.chat_response(self.rid, self.created, self.model, choices, c.prompt_tokens,
+                                     c.completion_tokens)
+        else:
+            choices = [oai.completion_choice(ch.index, ch.text, ch.finish_reason,
+                                             oai.completion_logprobs(ch.logprobs) if asked else None)
+                       for ch in c.choices]
+            body = oai.completion_response(self.rid, self.created, self.model, choices, c.prompt_tokens,
+                                           c.completion_tokens)
+        await _send_json(send, 200, body)
         return 200
+
+    def _tool_calls(self, c: Completion) -> list[dict[str, Any]] | None:
+        """The tool calls of a finished tool-calling generation (``None``: answer its text,
+        e.g. when ``max_tokens`` cut the JSON short)."""
+        if self.calling is None or c.finish_reason is not FinishReason.STOP:
+            return None
+        return self.calling.calls(c.text)
 
     async def _sse(self, s: AsyncStream, send: Send) -> int:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
@@ -230,31 +282,80 @@ class _Generation:
             async for piece in self._events(s):
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
         except TritonForgeError as exc:
-            err = translate(exc)
+            err = translate(exc, self.guide_field)
             status = err.status
             await send({"type": "http.response.body", "body": _event(err.body()) + _DONE, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return status
 
-    async def _events(self, s: AsyncStream) -> AsyncIterator[bytes]:
+    async def _tool_events(self, s: AsyncStream) -> AsyncIterator[bytes]:
+        """A tool-calling chat stream: a named function's arguments streamed as deltas of
+        its one call; ``"required"`` calls sent once the list of them is complete."""
+        assert self.calling is not None
         rid, created, model, usage_null = self.rid, self.created, self.model, self.include_usage
+        named = self.calling.named
+        call = {"id": oai.new_id("call"), "function": {"name": named}}
+        text: list[str] = []
         first = True
         async for chunk in s:
-            finish = chunk.finish_reason if chunk.finish_reason is not FinishReason.NONE else None
-            if not chunk.text and finish is None:
-                continue  # tokens that do not make a whole character yet
+            if not chunk.text:
+                continue
+            text.append(chunk.text)
             if first:
                 first = False
                 self.gw.metrics.ttft.labels(self.endpoint).observe(time.perf_counter() - self.received)
-                if self.chat:
-                    yield _event(oai.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
-                                                include_usage=usage_null))
+                yield _event(oai.chat_chunk(rid, created, model, {"role": "assistant", "content": None},
+                                            include_usage=usage_null))
+            if named is not None:
+                delta = oai.tool_call_delta(0, call if len(text) == 1 else None, chunk.text)
+                yield _event(oai.chat_chunk(rid, created, model, delta, include_usage=usage_null))
+        c = s.completion
+        self._count(c)
+        calls = self._tool_calls(c)
+        if named is None:
+            if calls is None:  # cut short: the text as it is
+                yield _event(oai.chat_chunk(rid, created, model, {"content": "".join(text)},
+                                            include_usage=usage_null))
+            for i, one in enumerate(calls or ()):
+                yield _event(oai.chat_chunk(rid, created, model,
+                                            oai.tool_call_delta(i, one, one["function"]["arguments"]),
+                                            include_usage=usage_null))
+        finish = "tool_calls" if calls is not None else c.finish_reason
+        yield _event(oai.chat_chunk(rid, created, model, {}, finish, include_usage=usage_null))
+        if self.include_usage:
+            yield _event(oai.usage_chunk("chat.completion.chunk", rid, created, model,
+                                         oai.usage(c.prompt_tokens, c.completion_tokens)))
+        yield _DONE
+
+    async def _events(self, s: AsyncStream) -> AsyncIterator[bytes]:
+        if self.calling is not None:
+            async for piece in self._tool_events(s):
+                yield piece
+            return
+        rid, created, model, usage_null = self.rid, self.created, self.model, self.include_usage
+        asked = bool(self.request.logprobs)
+        offsets: dict[int, int] = {}  # per choice: characters streamed so far (text_offset)
+        async for chunk in s:
+            finish = chunk.finish_reason if chunk.finish_reason is not FinishReason.NONE else None
+            if not chunk.text and finish is None and not chunk.logprobs:
+                continue  # tokens that do not make a whole character yet
+            i = chunk.sequence
+            if not offsets:
+                self.gw.metrics.ttft.labels(self.endpoint).observe(time.perf_counter() - self.received)
+            if i not in offsets and self.chat:  # each choice's first chunk says who speaks
+                yield _event(oai.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
+                                            include_usage=usage_null, index=i))
+            offset = offsets.setdefault(i, 0)
             if self.chat:
                 delta = {"content": chunk.text} if chunk.text else {}
-                yield _event(oai.chat_chunk(rid, created, model, delta, finish, include_usage=usage_null))
+                yield _event(oai.chat_chunk(rid, created, model, delta, finish, include_usage=usage_null,
+                                            logprobs=oai.chat_logprobs(chunk.logprobs) if asked else None,
+                                            index=i))
             else:
-                yield _event(oai.completion_chunk(rid, created, model, chunk.text, finish,
-                                                  include_usage=usage_null))
+                yield _event(oai.completion_chunk(
+                    rid, created, model, chunk.text, finish, include_usage=usage_null,
+                    logprobs=oai.completion_logprobs(chunk.logprobs, offset) if asked else None, index=i))
+            offsets[i] = offset + len(chunk.text)
         c = s.completion
         self._count(c)
         if self.include_usage:
@@ -297,13 +398,13 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
     async def generation(endpoint: str, request: HttpRequest, received: float) -> _Generation:
         kind = oai.ChatCompletionRequest if endpoint == CHAT else oai.CompletionRequest
         body = oai.parse(kind, await _body(request))
-        served = await gw.model_name()
-        if body.model != served:
-            raise oai.ApiError(404, f"The model '{body.model}' does not exist; this server serves '{served}'",
-                               param="model", code="model_not_found")
+        _, adapter = await gw.adapter_for(body.model)
         prefix = "chatcmpl" if endpoint == CHAT else "cmpl"
-        req = body.to_request().replace(request_id=oai.new_id(prefix), stream=bool(body.stream))
-        return _Generation(gw, endpoint, received, req, served, bool(body.stream), body.include_usage)
+        req = body.to_request().replace(request_id=oai.new_id(prefix), stream=bool(body.stream), lora=adapter)
+        guide = body.guide()
+        calling = body.tool_calling() if isinstance(body, oai.ChatCompletionRequest) else None
+        return _Generation(gw, endpoint, received, req, body.model, bool(body.stream), body.include_usage,
+                           "tool_choice" if calling else guide[0] if guide else None, calling)
 
     async def chat(request: HttpRequest, received: float) -> _Generation:
         return await generation(CHAT, request, received)
@@ -313,8 +414,10 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
 
     async def models(request: HttpRequest, received: float) -> Response:
         name = await gw.model_name()
+        cards = [oai.model_card(name, gw.created)] + [oai.model_card(a, gw.created, parent=name)
+                                                      for a in await gw.lora_names()]
         gw.metrics.finished("/v1/models", 200, time.perf_counter() - received)
-        return JSONResponse({"object": "list", "data": [oai.model_card(name, gw.created)]})
+        return JSONResponse({"object": "list", "data": cards})
 
     async def metrics(request: HttpRequest) -> Response:
         return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)

@@ -1,8 +1,9 @@
 """The OpenAI wire models the gateway speaks (requests parsed, responses built; no I/O).
 
-Requests are pydantic models that ignore fields they do not know (SDKs send extras such as
-``user``) and refuse what the gateway cannot honour (``n > 1``, ``logprobs``, ``echo``...)
-with an :class:`ApiError` naming the parameter. :meth:`ChatCompletionRequest.to_request`
+Requests are pydantic models that refuse what the gateway cannot honour (``logit_bias``,
+``echo``, ``suffix``, audio...) and fields OpenAI's API does not know, with an
+:class:`ApiError` naming the parameter; OpenAI's metadata fields (``user``, ``store``...)
+are accepted. :meth:`ChatCompletionRequest.to_request`
 and :meth:`CompletionRequest.to_request` turn them into the typed client's
 :class:`~tritonforge.clients.Request`; every sampling bound is then checked by the
 contract (the same check the server runs), not restated here.
@@ -10,23 +11,32 @@ contract (the same check the server runs), not restated here.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
-
 from tritonforge import contract
-from tritonforge.clients import FinishReason, Request
+from tritonforge.clients import FinishReason, Request, TokenLogprob
 
 __all__ = [
+    "METADATA_FIELDS",
+    "UNSUPPORTED_FIELDS",
     "ApiError",
     "ChatCompletionRequest",
     "CompletionRequest",
     "ErrorType",
+    "ResponseFormat",
     "StreamOptions",
+    "ToolCalling",
+    "ToolDef",
+    "chat_choice",
     "chat_chunk",
     "chat_response",
+    "completion_choice",
     "completion_chunk",
     "completion_response",
     "error_body",
@@ -34,6 +44,7 @@ __all__ = [
     "new_id",
     "openai_param",
     "parse",
+    "tool_call_delta",
     "usage",
     "usage_chunk",
 ]
@@ -122,36 +133,110 @@ _SamplingFields: Any = create_model(
 )
 
 
-class _Sampling(_SamplingFields):  # type: ignore[misc]
-    """Fields shared by both endpoints: OpenAI's names (and vLLM's extensions), one per
-    row of the contract's table with an OpenAI name, plus the OpenAI-only controls."""
+# vLLM's structured-output extras (guided_json, guided_regex, ...), one per guide type of
+# the contract that has one.
+_GUIDED: Final = {g.openai: g for g in contract.GUIDES if g.openai is not None}
+_GUIDE_TYPES: Final[dict[contract.GuideType, Any]] = {
+    contract.GuideType.JSON_SCHEMA: dict[str, Any] | str | None,
+    contract.GuideType.CHOICE: list[str] | None,
+}
+_GUIDED_FIELDS: Final[dict[str, Any]] = {
+    name: (_GUIDE_TYPES.get(g.type, str | None), None) for name, g in _GUIDED.items()}
+_GuidedFields: Any = create_model("_GuidedFields", __base__=_SamplingFields, **_GUIDED_FIELDS)
+_BY_TYPE: Final = {g.type: g for g in contract.GUIDES}
 
-    model_config = ConfigDict(extra="ignore")
+
+class ResponseFormat(BaseModel):
+    """``response_format``: ``text``, ``json_object`` or ``json_schema`` (``{name, schema,
+    strict, description}``; the schema is always enforced, ``strict`` or not)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+# OpenAI request fields that ask nothing of the generation (accepted; nothing to do).
+METADATA_FIELDS: Final = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier",
+                                    "prompt_cache_key"})
+# OpenAI request fields this gateway cannot honour: refused with a 400 naming them (the value
+# that asks for nothing, where there is one, passes).
+UNSUPPORTED_FIELDS: Final[dict[str, tuple[Any, ...]]] = {
+    "logit_bias": (None, {}),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "functions": (None,),  # the deprecated form of tools
+    "function_call": (None,),  # the deprecated form of tool_choice
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+}
+
+
+class _Sampling(_GuidedFields):  # type: ignore[misc]
+    """Fields shared by both endpoints: OpenAI's names (and vLLM's extensions), one per
+    row of the contract's table with an OpenAI name, plus the OpenAI-only controls. Any
+    other field is refused (as OpenAI's API does), except OpenAI's metadata fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    response_format: ResponseFormat | None = None
 
     model: str
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: Any = None
     ignore_eos: bool = False  # vLLM's extension (its benchmark client sends it)
 
     def _refuse_unsupported(self) -> None:
-        if self.n is not None and self.n != 1:
-            raise ApiError(400, f"n must be 1 (one choice per request); got {self.n}", param="n")
-        if self.logprobs not in (None, False, 0):
-            raise ApiError(400, "logprobs are not supported by this server", param="logprobs")
+        for name, value in (self.model_extra or {}).items():
+            if name in METADATA_FIELDS:
+                continue
+            if name in UNSUPPORTED_FIELDS:
+                if value not in UNSUPPORTED_FIELDS[name]:
+                    raise ApiError(400, f"{name} is not supported by this server", param=name)
+                continue
+            raise ApiError(400, f"Unrecognized request argument supplied: {name}", param=name)
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
+
+    def guide(self) -> tuple[str, str, Any] | None:
+        """The structured output asked for: (the OpenAI field that asked, the typed client's
+        field, its value), or ``None``; more than one is refused."""
+        asked: list[tuple[str, str, Any]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            asked.append(("response_format", _BY_TYPE[contract.GuideType.JSON].client, True))
+        elif rf is not None and rf.type == "json_schema":
+            spec = rf.json_schema or {}
+            schema = spec.get("schema")
+            if not isinstance(schema, dict):
+                raise ApiError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
+                               param="response_format")
+            if not isinstance(spec.get("strict", False), (bool, type(None))):
+                raise ApiError(400, "response_format.json_schema.strict must be true or false",
+                               param="response_format")
+            asked.append(("response_format", _BY_TYPE[contract.GuideType.JSON_SCHEMA].client, schema))
+        for name, g in _GUIDED.items():
+            if (value := getattr(self, name)) is not None:
+                asked.append((name, g.client, value))
+        if len(asked) > 1:
+            raise ApiError(400, "give one structured output at most; got " + ", ".join(a[0] for a in asked),
+                           param=asked[1][0])
+        return asked[0] if asked else None
 
     def _sampling(self, max_tokens: int | None) -> dict[str, Any]:
         """The typed client's request fields (the contract's mapping)."""
         out: dict[str, Any] = {}
+        if (guide := self.guide()) is not None:
+            out[guide[1]] = guide[2]
         for p in _MAPPED:
             value = getattr(self, p.openai or "")
             if p.kind == "words":
                 value = ([value] if isinstance(value, str) else value) or None
             out[p.client or ""] = value
         out["max_tokens"] = max_tokens
+        out["n"] = self.n if self.n != 1 else None
         if self.ignore_eos:
             if max_tokens is None:
                 raise ApiError(400, "ignore_eos needs max_tokens (generate exactly that many tokens)",
@@ -164,11 +249,115 @@ class _Sampling(_SamplingFields):  # type: ignore[misc]
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+class FunctionDef(BaseModel):
+    """``tools[i].function``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    """One of ``tools``: ``{"type": "function", "function": {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class _NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: _NamedFunction
+
+
+_ANY_OBJECT: Final[dict[str, Any]] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    """A request that must answer with tool calls, enforced by structured outputs: a named
+    ``tool_choice`` generates that function's arguments (JSON valid for its parameters
+    schema), ``"required"`` a JSON list of one or more ``{"name", "arguments"}`` calls of
+    the request's tools. :meth:`calls` turns the generated text into OpenAI ``tool_calls``."""
+
+    tools: tuple[ToolDef, ...]
+    named: str | None  # the forced function; None: "required" (any of the tools)
+    parallel: bool = True
+
+    def schema(self) -> dict[str, Any]:
+        params = {t.function.name: t.function.parameters or _ANY_OBJECT for t in self.tools}
+        if self.named is not None:
+            return params[self.named]
+        calls = {"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
+             "required": ["name", "arguments"], "additionalProperties": False}
+            for name, schema in params.items()]}}
+        return {**calls, "maxItems": 1} if not self.parallel else calls
+
+    def calls(self, text: str) -> list[dict[str, Any]] | None:
+        """The tool calls in a finished generation, or ``None`` when it is not complete
+        JSON (the generation was cut short by ``max_tokens``)."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        pairs = [(self.named, text)] if self.named is not None else [
+            (c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in value]
+        return [{"id": new_id("call"), "type": "function", "function": {"name": n, "arguments": a}}
+                for n, a in pairs]
+
+
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def tool_calling(self) -> ToolCalling | None:
+        """How this request calls tools (``None``: it answers text); refused with a 400
+        naming the field where it cannot be honoured."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice not in (None, "none"):
+                raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+            return None
+        names = [t.function.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ApiError(400, "tools: function names must be unique", param="tools")
+        if choice == "none":
+            return None
+        if choice is None or choice == "auto":
+            raise ApiError(
+                400, 'tool_choice "auto" (the default with tools) needs a tool-call parser for the '
+                "model's chat template, which this gateway does not have: send tool_choice "
+                '"required" or {"type": "function", "function": {"name": ...}} (enforced with '
+                'structured outputs), or "none"', param="tool_choice")
+        if self.n is not None and self.n != 1:
+            raise ApiError(400, "n must be 1 with tools", param="n")
+        if self.guide() is not None:
+            raise ApiError(400, "tools are answered with structured outputs: leave out "
+                           f"{self.guide()[0]}", param="tool_choice")  # type: ignore[index]
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in names:
+                raise ApiError(400, f"tool_choice names {choice.function.name!r}, which is not one of "
+                               f"tools ({', '.join(names)})", param="tool_choice")
+            return ToolCalling(tuple(self.tools), choice.function.name)
+        return ToolCalling(tuple(self.tools), None, self.parallel_tool_calls is not False)
 
     def to_request(self) -> Request:
         self._refuse_unsupported()
@@ -177,12 +366,20 @@ class ChatCompletionRequest(_Sampling):
             raise ApiError(400, "give max_completion_tokens or max_tokens, not both",
                            param="max_completion_tokens")
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return Request(messages=[_message(i, m) for i, m in enumerate(self.messages)],
-                       **self._sampling(limit))
+        sampling = self._sampling(limit)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.logprobs:
+            sampling.update(logprobs=True, top_logprobs=self.top_logprobs)
+        if (calling := self.tool_calling()) is not None:
+            sampling["json_schema"] = calling.schema()
+        return Request(messages=[_message(i, m) for i, m in enumerate(self.messages)], **sampling)
 
 
-def _message(index: int, msg: dict[str, Any]) -> dict[str, str]:
-    """One chat message with its content as plain text (text parts are joined)."""
+def _message(index: int, msg: dict[str, Any]) -> dict[str, Any]:
+    """One chat message with its content as plain text (text parts are joined); an
+    assistant's ``tool_calls`` and a tool message's ``tool_call_id`` go on to the server's
+    chat template (``contract.parse_messages`` checks them)."""
     content = msg.get("content")
     if isinstance(content, list):
         texts = []
@@ -194,9 +391,10 @@ def _message(index: int, msg: dict[str, Any]) -> dict[str, str]:
         content = "".join(texts)
     elif content is None:
         content = ""
-    out: dict[str, str] = {"role": msg.get("role"), "content": content}  # type: ignore[dict-item]
-    if isinstance(msg.get("name"), str):
-        out["name"] = msg["name"]
+    out: dict[str, Any] = {"role": msg.get("role"), "content": content}
+    for key in ("name", "tool_calls", "tool_call_id"):
+        if msg.get(key) is not None:
+            out[key] = msg[key]
     return out
 
 
@@ -204,6 +402,7 @@ class CompletionRequest(_Sampling):
     """``POST /v1/completions`` (one text prompt)."""
 
     prompt: str | list[str] | list[int]
+    logprobs: int | None = None  # the number of most likely tokens per position (0: the chosen only)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -222,7 +421,10 @@ class CompletionRequest(_Sampling):
                 raise ApiError(400, "prompt must be one string (batches and token ids are not supported)",
                                param="prompt")
             prompt = prompt[0]
-        return Request(prompt=prompt, **self._sampling(self.max_tokens))
+        sampling = self._sampling(self.max_tokens)
+        if self.logprobs is not None:
+            sampling.update(logprobs=True, top_logprobs=self.logprobs)
+        return Request(prompt=prompt, **sampling)
 
 
 def parse(model: type[_Sampling], body: Any) -> Any:
@@ -251,25 +453,52 @@ def _finish(reason: FinishReason) -> str | None:
     return reason.value or None
 
 
-def chat_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
+def _token(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    return {"content": [{**_token(t.token, t.logprob), "top_logprobs": [_token(a, v) for a, v in t.top]}
+                        for t in tokens], "refusal": None}
+
+
+def completion_logprobs(tokens: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A completion choice's (legacy) ``logprobs``: tokens, token_logprobs, top_logprobs and
+    text_offset (from ``offset``, the characters before these tokens)."""
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+    return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}
+
+
+def chat_choice(index: int, text: str, finish: FinishReason, tool_calls: list[dict[str, Any]] | None = None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One of a chat completion's ``choices`` (tool calls replace the content)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls is not None:
+        message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": "tool_calls" if tool_calls is not None else _finish(finish)}
+
+
+def chat_response(rid: str, created: int, model: str, choices: list[dict[str, Any]],
                   prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": _finish(finish),
-        }],
+        "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
-def chat_chunk(rid: str, created: int, model: str, delta: dict[str, str], finish: FinishReason | None = None,
-               *, include_usage: bool = False) -> dict[str, Any]:
+def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
+               finish: FinishReason | str | None = None, *, include_usage: bool = False,
+               logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
     """One ``chat.completion.chunk`` (``usage: null`` on each when usage comes last)."""
     out: dict[str, Any] = {
         "id": rid,
@@ -277,15 +506,25 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict[str, str], finish
         "created": created,
         "model": model,
         "choices": [{
-            "index": 0,
+            "index": index,
             "delta": delta,
-            "logprobs": None,
-            "finish_reason": None if finish is None else _finish(finish),
+            "logprobs": logprobs,
+            "finish_reason": _finish(finish) if isinstance(finish, FinishReason) else finish,
         }],
     }
     if include_usage:
         out["usage"] = None
     return out
+
+
+def tool_call_delta(index: int, call: dict[str, Any] | None = None, arguments: str = "") -> dict[str, Any]:
+    """A chat chunk's delta carrying tool call ``index``: its id, type and name with the
+    first piece (``call``), only the next piece of its arguments after."""
+    piece: dict[str, Any] = {"index": index, "function": {"arguments": arguments}}
+    if call is not None:
+        piece.update(id=call["id"], type="function",
+                     function={"name": call["function"]["name"], "arguments": arguments})
+    return {"tool_calls": [piece]}
 
 
 def usage_chunk(obj: str, rid: str, created: int, model: str, use: dict[str, int]) -> dict[str, Any]:
@@ -293,29 +532,35 @@ def usage_chunk(obj: str, rid: str, created: int, model: str, use: dict[str, int
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
 
 
-def completion_response(rid: str, created: int, model: str, text: str, finish: FinishReason,
+def completion_choice(index: int, text: str, finish: FinishReason,
+                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": _finish(finish)}
+
+
+def completion_response(rid: str, created: int, model: str, choices: list[dict[str, Any]],
                         prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish)}],
+        "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: FinishReason | None = None,
-                     *, include_usage: bool = False) -> dict[str, Any]:
+                     *, include_usage: bool = False, logprobs: dict[str, Any] | None = None,
+                     index: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
         "choices": [{
-            "index": 0,
+            "index": index,
             "text": text,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": None if finish is None else _finish(finish),
         }],
     }
@@ -324,13 +569,14 @@ def completion_chunk(rid: str, created: int, model: str, text: str, finish: Fini
     return out
 
 
-def model_card(name: str, created: int | None = None) -> dict[str, Any]:
-    """One entry of ``GET /v1/models`` (``root`` is read by vLLM's benchmark client)."""
+def model_card(name: str, created: int | None = None, parent: str | None = None) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` (``root`` is read by vLLM's benchmark client); a LoRA
+    adapter's has the served model as its ``parent``, as vLLM's server lists them."""
     return {
         "id": name,
         "object": "model",
         "created": int(time.time()) if created is None else created,
         "owned_by": OWNER,
-        "root": name,
-        "parent": None,
+        "root": parent or name,
+        "parent": parent,
     }

@@ -79,7 +79,7 @@ class TritonPythonModel:
         self._post_lock = threading.Lock()
         self.engine_outputs = ["output_ids", "sequence_length"]
         if kind is not EngineKind.TRTLLM_CPP:  # tritonforge's engine model adds these
-            self.engine_outputs += [t.name for t in ENGINE_EXTRA_OUTPUTS]
+            self.engine_outputs += [t.name for t in ENGINE_EXTRA_OUTPUTS] + ["output_log_probs"]
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="tritonforge-bls")
         self._live: dict[int, _Live] = {}
@@ -160,6 +160,7 @@ class TritonPythonModel:
             check_request_parameters(triton_io.request_parameters(request))
         except ParameterError as exc:
             raise RequestError(str(exc), param=exc.param) from None
+        triton_io.refuse_many_sequences(request, "the BLS model")
         inputs = [t for t in (pb_utils.get_input_tensor_by_name(request, i.name) for i in ENSEMBLE_INPUTS)
                   if t is not None]
         if not streaming:
@@ -215,6 +216,8 @@ class TritonPythonModel:
                     "engine_finish_reason": tensors.get("finish_reason"),
                     "engine_num_input_tokens": tensors.get("num_input_tokens"),
                     "engine_request_key": tensors.get("request_key"),
+                    "engine_output_log_probs": tensors.get("output_log_probs"),
+                    "engine_top_log_probs": tensors.get("top_log_probs"),
                 }
                 with self._post_lock:
                     result = self.post.process(post_in, request_id)

@@ -29,6 +29,7 @@ Either way a request's state (and its facts) is dropped on its last response.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -62,6 +63,9 @@ class PostResult:
     finish_reason: str
     num_input_tokens: int
     num_output_tokens: int
+    logprobs: tuple[float, ...] = ()  # one per token of this response, when asked for
+    top: str = ""  # output_top_log_probs (JSON), when asked for
+    sequence_index: int = 0
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -69,6 +73,9 @@ class PostResult:
             "finish_reason": np.array([[self.finish_reason.encode("utf-8")]], dtype=object),
             "num_input_tokens": np.array([[self.num_input_tokens]], dtype=np.int32),
             "num_output_tokens": np.array([[self.num_output_tokens]], dtype=np.int32),
+            "sequence_index": np.array([[self.sequence_index]], dtype=np.int32),
+            "output_log_probs": np.array([self.logprobs], dtype=np.float32).reshape(1, len(self.logprobs)),
+            "output_top_log_probs": np.array([[self.top.encode("utf-8")]], dtype=object),
         }
 
 
@@ -112,8 +119,12 @@ class Postprocessor:
 
     @classmethod
     def state_id(cls, inputs: Mapping[str, np.ndarray | None], request_id: str) -> str:
+        """Whose detokenizer state: the engine's request key (or the request id) and, for
+        the sequences after the first (num_return_sequences), the sequence index."""
         key = cls.request_key(inputs)
-        return f"key:{key}" if key else request_id
+        seq = int(scalar(inputs.get("engine_sequence_index"), 0) or 0)
+        base = f"key:{key}" if key else request_id
+        return f"{base}:{seq}" if seq and base else base
 
     def forget(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> None:
         """Drop a request's state (it was cancelled: no final response will come)."""
@@ -144,6 +155,19 @@ class Postprocessor:
             new += state.stopper.flush()
         return prompt + new, reason
 
+    def _logprobs(self, inputs: Mapping[str, np.ndarray | None], ids: list[int]) -> dict[str, Any]:
+        """The log-probability fields of a result for ``ids`` (the tokens it carries, the
+        first ones of the engine's output_ids): empty unless the engine sent them."""
+        arr = inputs.get("engine_output_log_probs")
+        if arr is None or arr.size == 0 or not ids:
+            return {}
+        lps = tuple(float(v) for v in arr.reshape(-1)[: len(ids)])
+        raw = scalar(inputs.get("engine_top_log_probs"), "") or ""
+        alts: list[Any] = json.loads(raw) if raw else [[] for _ in ids]
+        top = [{"token": self.decode([tok]), "top": [[self.decode([int(t)]), float(lp)] for t, lp in alt]}
+               for tok, alt in zip(ids, alts)]
+        return {"logprobs": lps, "top": json.dumps(top, ensure_ascii=False)}
+
     def process(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> PostResult:
         ids_arr = inputs["output_ids"]
         assert ids_arr is not None
@@ -168,7 +192,8 @@ class Postprocessor:
             text = self.decode(ids)
             if reason:  # a cut-off multi-byte character is dropped (see IncrementalDetokenizer)
                 text = text.rstrip("\ufffd")
-            return PostResult(text, reason, n_input, len(ids))
+            return PostResult(text, reason, n_input, len(ids), **self._logprobs(inputs, ids),
+                              sequence_index=int(scalar(inputs.get("engine_sequence_index"), 0) or 0))
         now = time.monotonic()
         state = self._states.get(request_id)
         if state is None:
@@ -192,6 +217,7 @@ class Postprocessor:
             ids, reason = self._derive(state, ids)
             if n_input < 0:
                 n_input = state.facts.n_input
+        logprobs = {} if state.derive else self._logprobs(inputs, ids)
         state.tokens += len(ids)
         text = state.detok.push(ids)
         if reason:
@@ -201,4 +227,5 @@ class Postprocessor:
                 self.drop_facts(client_id)
             if self.finished is not None:
                 self.finished(reason)
-        return PostResult(text, reason, n_input, len(ids))
+        return PostResult(text, reason, n_input, len(ids), **logprobs,
+                          sequence_index=int(scalar(inputs.get("engine_sequence_index"), 0) or 0))

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from tritonforge import contract
@@ -37,6 +38,7 @@ __all__ = [
     "LoraWeightsSender",
     "PreprocessSettings",
     "Preprocessor",
+    "compile_guide",
     "load_converted_lora",
     "load_tokenizer",
     "to_word_list",
@@ -185,6 +187,43 @@ def _words(name: str, arr: np.ndarray | None) -> list[str] | None:
     return out
 
 
+# "[16:22:49] /project/cpp/regex_converter.cc:83: " before xgrammar's own message
+_XGRAMMAR_PREFIX: Final = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
+
+
+def compile_guide(guide_type: str, guide: str) -> None:
+    """Compile a structured-output guide the contract has checked the structure of with
+    xgrammar (the grammar library vLLM's and TensorRT-LLM's structured outputs run on; no
+    tokenizer needed), so a schema, regex or grammar the engine could not build is refused
+    here, naming ``guided_decoding_guide``, rather than failing in the engine."""
+    if guide_type not in (contract.GuideType.JSON_SCHEMA.value, contract.GuideType.REGEX.value,
+                          contract.GuideType.EBNF_GRAMMAR.value):
+        return  # json takes no guide; a choice list is fully checked by its structure
+    import xgrammar
+
+    build: Any = {contract.GuideType.JSON_SCHEMA.value: xgrammar.Grammar.from_json_schema,
+             contract.GuideType.REGEX.value: xgrammar.Grammar.from_regex,
+             contract.GuideType.EBNF_GRAMMAR.value: xgrammar.Grammar.from_ebnf}[guide_type]
+    try:
+        build(guide)
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
+        detail = _XGRAMMAR_PREFIX.sub("", " ".join(str(exc).split()))[:500]
+        raise RequestError(f"{contract.GUIDE_INPUT} is not a valid {guide_type}: {detail}",
+                           param=contract.GUIDE_INPUT) from None
+
+
+def _calls_as_content(message: dict[str, Any]) -> dict[str, Any]:
+    """For a chat template that does not render an assistant's ``tool_calls`` (it would drop
+    them): the message with its calls written into its content, as JSON."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    text = json.dumps([{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                       for c in calls], ensure_ascii=False)
+    content = f"{message['content']}\n{text}" if message["content"] else text
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": content}
+
+
 class Preprocessor:
     def __init__(self, settings: PreprocessSettings, tokenizer: Any) -> None:
         self.settings = settings
@@ -237,6 +276,8 @@ class Preprocessor:
                 v = _words(p.name, inputs.get(p.name))
             elif p.kind == "adapter":
                 v = _text(p.name, inputs.get(p.name), LIMITS.max_word_bytes) or None
+            elif p.kind == "text":
+                v = _text(p.name, inputs.get(p.name), LIMITS.max_guide_bytes)
             else:
                 continue
             if v is not None:
@@ -245,6 +286,7 @@ class Preprocessor:
             contract.check_request_values(values, engine=s.engine)
         except ParameterError as exc:
             raise RequestError(str(exc), param=exc.param) from None
+        compile_guide(values.get(contract.GUIDE_TYPE_INPUT, ""), values.get(contract.GUIDE_INPUT, ""))
         for name in ("end_id", "pad_id"):
             if name in values and self.vocab and values[name] >= self.vocab:
                 raise RequestError(f"{name} must be a token id in [0, {self.vocab}); got {values[name]}",
@@ -262,6 +304,8 @@ class Preprocessor:
             value = filled[p.name]
             if p.kind == "words":
                 out[pre_output(t.name)] = to_word_list(value)[None]
+            elif p.kind == "text":
+                out[pre_output(t.name)] = np.array([[value.encode("utf-8")]], dtype=object)
             else:
                 out[pre_output(t.name)] = np.array([[value]], dtype=t.dtype.numpy)
         if self.lora_weights is not None:
@@ -317,7 +361,8 @@ class Preprocessor:
         if min_tokens > max_tokens:
             raise RequestError(f"min_tokens ({min_tokens}) must be <= max_tokens ({max_tokens})",
                                param="min_tokens")
-        filled = {**d, **values, "max_tokens": max_tokens, "min_tokens": min_tokens}
+        fixed = {p.name: p.default for p in REQUEST_PARAMETERS if p.default is not None and not p.spec_default}
+        filled = {**fixed, **d, **values, "max_tokens": max_tokens, "min_tokens": min_tokens}
         filled.setdefault("end_id", self.end_id)
         filled.setdefault("pad_id", self.pad_id)
         if filled.get("seed") is None:
@@ -339,10 +384,13 @@ class Preprocessor:
                                param="lora_name")
         return adapters[name]
 
-    def _chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        if getattr(self.tokenizer, "chat_template", None) is None:
+    def _chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        template = getattr(self.tokenizer, "chat_template", None)
+        if template is None:
             raise RequestError("this model has no chat template: send text_input instead of messages",
                                param="messages")
+        if "tool_calls" not in str(template):
+            messages = [_calls_as_content(m) for m in messages]
         try:
             rendered = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False

@@ -14,6 +14,7 @@ nobody (the 2.51 Python backend cannot cancel a BLS call).
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -45,11 +46,17 @@ def merge_responses(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
             reason = bytes(p["finish_reason"].reshape(-1)[0])
     n_in = max((int(p["num_input_tokens"].reshape(-1)[0]) for p in parts if "num_input_tokens" in p), default=0)
     n_out = sum(int(p["num_output_tokens"].reshape(-1)[0]) for p in parts if "num_output_tokens" in p)
+    lps = [float(v) for p in parts if "output_log_probs" in p for v in p["output_log_probs"].reshape(-1)]
+    tops = [t for p in parts if "output_top_log_probs" in p and bytes(p["output_top_log_probs"].reshape(-1)[0])
+            for t in json.loads(bytes(p["output_top_log_probs"].reshape(-1)[0]))]
     return {
         "text_output": np.array([[text]], dtype=object),
         "finish_reason": np.array([[reason]], dtype=object),
         "num_input_tokens": np.array([[n_in]], dtype=np.int32),
         "num_output_tokens": np.array([[n_out]], dtype=np.int32),
+        "output_log_probs": np.array([lps], dtype=np.float32).reshape(1, len(lps)),
+        "output_top_log_probs": np.array([[json.dumps(tops, ensure_ascii=False).encode() if tops else b""]],
+                                         dtype=object),
     }
 
 
@@ -87,6 +94,7 @@ class TritonPythonModel:
             check_request_parameters(triton_io.request_parameters(request))
         except ParameterError as exc:
             raise RequestError(str(exc), param=exc.param) from None
+        triton_io.refuse_many_sequences(request, "the non-streaming model")
         inputs = []
         batch = 1
         for t in ENSEMBLE_INPUTS:

@@ -114,6 +114,18 @@ def exception_response(exc: BaseException, step: str) -> Any:
     return error_response(ErrorKind.INTERNAL, f"{step} failed: {exc}")
 
 
+def refuse_many_sequences(request: Any, model: str) -> None:
+    """A model that answers one sequence per request (the BLS and ``_sync`` models) refuses
+    ``num_return_sequences`` > 1, naming it, rather than mix the sequences up."""
+    from tritonforge.triton_models.errors import RequestError
+
+    tensor = pb_utils.get_input_tensor_by_name(request, "num_return_sequences")
+    n = tensor.as_numpy().reshape(-1) if tensor is not None else np.zeros(0, dtype=np.int32)
+    if n.size and int(n[0]) > 1:
+        raise RequestError(f"num_return_sequences must be 1 on {model}, which answers one sequence; "
+                           "send it to the streaming ensemble", param="num_return_sequences")
+
+
 def request_parameters(request: Any) -> dict[str, Any]:
     """The request's parameters (Triton's own and any unknown JSON keys of ``generate``)."""
     raw = request.parameters()

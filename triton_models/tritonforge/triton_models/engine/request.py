@@ -10,6 +10,7 @@ adapter maps them to its own sampling object with one line per parameter.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -35,10 +36,20 @@ _STRUCTURAL: Final[dict[str, tuple[str, type]]] = {
     "exclude_input_in_output": ("exclude_input_in_output", bool),
     "end_id": ("end_id", int),
     "lora_task_id": ("lora_task_id", int),
+    "return_log_probs": ("return_log_probs", bool),
+    "top_logprobs": ("top_logprobs", int),
+    "num_return_sequences": ("n", int),
 }
 _WORDS: Final[dict[str, str]] = {
     p.engine_name: p.name for p in REQUEST_PARAMETERS if p.kind == "words" and p.engine_name
 }
+# Engine inputs that carry one string (structured-output guides): EngineRequest fields.
+_TEXTS: Final[dict[str, str]] = {
+    "guided_decoding_guide_type": "guide_type",
+    "guided_decoding_guide": "guide",
+}
+if set(_TEXTS) != {p.engine_name for p in REQUEST_PARAMETERS if p.kind == "text"}:  # pragma: no cover
+    raise ImportError("tritonforge's engine request has no field for a text input of the table")
 SAMPLING_INPUTS: Final[frozenset[str]] = frozenset(
     n for p in REQUEST_PARAMETERS
     if (n := p.engine_name) is not None and p.kind == "scalar" and n not in _STRUCTURAL
@@ -79,6 +90,10 @@ class EngineRequest:
     end_id: int | None = None
     lora_task_id: int = 0
     return_log_probs: bool = False
+    top_logprobs: int = 0  # most likely alternatives per token, with return_log_probs
+    n: int = 1  # num_return_sequences: independent sequences, each answered with its index
+    guide_type: str = ""  # a contract.GuideType value; "" for none
+    guide: str = ""
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)  # engine input -> value
@@ -115,15 +130,21 @@ def parse_engine_inputs(inputs: Mapping[str, np.ndarray | None], *, decoupled: b
     for name, (attr, convert) in _STRUCTURAL.items():
         if name != "request_output_len" and (v := _scalar(inputs, name)) is not None:
             setattr(req, attr, convert(v))
-    if (v := _scalar(inputs, "return_log_probs")) is not None:
-        req.return_log_probs = bool(v)
     for name in SAMPLING_INPUTS:
         if (v := _scalar(inputs, name)) is not None:
             req.sampling[name] = v
+    for name, attr in _TEXTS.items():
+        arr = inputs.get(name)
+        if arr is not None and arr.size:
+            v = arr.reshape(-1)[0]
+            setattr(req, attr, bytes(v).decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v))
     req.stop_words = from_word_list(inputs.get("stop_words_list"))
     req.bad_words = from_word_list(inputs.get("bad_words_list"))
     if not decoupled:
         req.streaming = False
+        if req.n > 1:  # one response per request: the sequences would be lost
+            raise RequestError("num_return_sequences must be 1 on a non-streaming (not decoupled) "
+                               "engine model", param="num_return_sequences")
     return req
 
 
@@ -173,13 +194,19 @@ class StopMatcher:
 
 def engine_outputs(
     ids: list[int], finish: str, n_input: int, logprobs: list[float] | None = None,
-    key: int = 0, error: str = "",
+    key: int = 0, error: str = "", top: list[list[tuple[int, float]]] | None = None,
+    sequence: int = 0,
 ) -> dict[str, np.ndarray]:
     """The engine contract's outputs for one response (one beam); ``key`` is the engine's
     own key of the request (``contract.engine_request_id``), ``error`` the tagged error of a
-    request that fails after it has streamed (see ``contract.ENGINE_EXTRA_OUTPUTS``)."""
-    lp = logprobs if logprobs is not None else [0.0] * len(ids)
+    request that fails after it has streamed (see ``contract.ENGINE_EXTRA_OUTPUTS``).
+    ``logprobs`` (one per id) and ``top`` (the alternatives at each id) only when asked:
+    ``output_log_probs`` is empty and ``top_log_probs`` "" otherwise; ``sequence`` is which
+    of ``num_return_sequences`` the response carries."""
+    lp = logprobs if logprobs is not None else []
     return {
+        "sequence_index": np.array([[sequence]], dtype=np.int32),
+        "top_log_probs": np.array([[json.dumps(top).encode() if top else b""]], dtype=object),
         "request_key": np.array([[key]], dtype=np.uint64),
         "error": np.array([[error.encode()]], dtype=object),
         "num_input_tokens": np.array([[n_input]], dtype=np.int32),

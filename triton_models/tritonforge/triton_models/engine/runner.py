@@ -78,6 +78,8 @@ class Delta:
     token_ids: list[int]
     logprobs: list[float] | None = None  # the log-probability of each token, when asked for
     finish: str | None = None  # None while running; "stop", "length" or "abort" at the end
+    top: list[list[tuple[int, float]]] | None = None  # per token: its alternatives (top_logprobs)
+    index: int = 0  # which of the request's num_return_sequences sequences
 
 
 class TokenizerAdapter:
@@ -178,6 +180,50 @@ class _Live:
     client_id: str = ""
     cancel_kind: ErrorKind = ErrorKind.CANCELLED
     cancel_message: str = "request cancelled"
+
+
+class _Sequence:
+    """One sequence of a request (``num_return_sequences`` of them) on its way out: the
+    tokens not sent yet, the stop-word matcher's hold-back, and the log-probabilities (and
+    alternatives) of both, in order -- a held token's go out with it, a stop word's are
+    dropped with it."""
+
+    def __init__(self, index: int, stops: list[list[int]], echo: list[int]) -> None:
+        self.index = index
+        self.stopper = StopMatcher(stops)
+        self.pending = list(echo)  # an echoed prompt comes first, log-probability 0
+        self.pending_lp: list[float] = [0.0] * len(echo)
+        self.pending_top: list[list[tuple[int, float]]] = [[] for _ in echo]
+        self.held_lp: list[float] = []
+        self.held_top: list[list[tuple[int, float]]] = []
+        self.generated = 0
+        self.finish = ""
+
+    def hold(self, new: list[int], lps: list[float], top: list[list[tuple[int, float]]]) -> None:
+        """Record the log-probabilities of ``new`` before they go to the stop matcher."""
+        self.held_lp.extend((lps + [0.0] * len(new))[: len(new)])
+        self.held_top.extend((top + [[]] * len(new))[: len(new)])
+
+    def _release(self, ids: list[int]) -> None:
+        self.pending.extend(ids)
+        n = len(ids)
+        self.pending_lp.extend(self.held_lp[:n])
+        self.pending_top.extend(self.held_top[:n])
+        del self.held_lp[:n], self.held_top[:n]
+
+    def feed(self, new: list[int], *, cpp: bool) -> bool:
+        """Pass ``new`` through the stop matcher; whether a stop word ended the sequence."""
+        emit, stopped = self.stopper.feed(new)
+        self._release(new if cpp else emit)  # the C++ backend returns the stop word too
+        return stopped
+
+    def flush(self) -> None:
+        self._release(self.stopper.flush())
+
+    def take(self) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+        out = (self.pending, self.pending_lp, self.pending_top)
+        self.pending, self.pending_lp, self.pending_top = [], [], []
+        return out
 
 
 class EngineRunner:
@@ -461,11 +507,19 @@ class EngineRunner:
         first_at: float | None = None
         generated = 0
         finish = ""
-        stopper = StopMatcher(req.stop_words)
         n_in = len(req.input_ids)
         eos = self.adapter.eos_token_id
-        pending: list[int] = list(req.input_ids) if not req.exclude_input_in_output else []
-        pending_lp: list[float] = [0.0] * len(pending)
+        echo = list(req.input_ids) if not req.exclude_input_in_output else []
+        seqs: dict[int, _Sequence] = {}
+        finished = 0  # sequences that have ended
+        last_seq: _Sequence | None = None  # the last of them, once all have
+        cut = False  # whether a stop word ended one (the engine goes on with it)
+
+        def outputs(seq: _Sequence, reason: str) -> dict[str, np.ndarray]:
+            asked = req.return_log_probs
+            ids, lps, top = seq.take()
+            return engine_outputs(ids, reason, n_in, lps if asked else None, key,
+                                  top=top if asked and req.top_logprobs else None, sequence=seq.index)
         streamed = False  # whether a response has gone out (then failures are answered in-band)
         try:
             if self._draining or self._dead:
@@ -481,8 +535,12 @@ class EngineRunner:
             async for delta in self.adapter.generate(req, engine_id):
                 if live.cancelled:
                     break
+                seq = seqs.get(delta.index)
+                if seq is None:
+                    seq = seqs[delta.index] = _Sequence(delta.index, req.stop_words, echo)
+                if seq.finish:
+                    continue  # it matched a stop word: what the engine adds is dropped
                 new = list(delta.token_ids)
-                lps = list(delta.logprobs or ())
                 if new and first_at is None:
                     first_at = time.monotonic()
                     live.started = True
@@ -490,41 +548,52 @@ class EngineRunner:
                         self.metrics.observe_ttft(first_at - arrived)
                         self.metrics.add_prompt_tokens(len(req.input_ids))
                 generated += len(new)
+                seq.generated += len(new)
                 live.tokens += len(new)
                 if delta.finish is not None and new and req.end_id is not None and new[-1] == req.end_id:
                     new = new[:-1]  # the C++ backend does not return end_id either
                 elif delta.finish == "stop" and new and new[-1] == eos:
                     new = new[:-1]
-                emit, stopped = stopper.feed(new)
-                if self.cpp_outputs:
-                    emit = new  # the C++ backend returns the stop word too
-                pending.extend(emit)
                 if req.return_log_probs:
-                    pending_lp.extend(lps[: len(emit)])
+                    seq.hold(new, list(delta.logprobs or ()), list(delta.top or ()))
+                stopped = seq.feed(new, cpp=self.cpp_outputs)
                 if stopped:
-                    finish = FinishReason.STOP.value
-                    await self._abort(engine_id)
-                    break
-                if delta.finish is not None:
+                    seq.finish = FinishReason.STOP.value
+                    cut = True
+                elif delta.finish is not None:
                     if not self.cpp_outputs:  # (cpp_outputs sent what the matcher held already)
-                        pending.extend(stopper.flush())
-                    finish = {"length": FinishReason.LENGTH.value,
-                              "abort": FinishReason.CANCELLED.value}.get(delta.finish, FinishReason.STOP.value)
-                    break
-                if req.streaming and pending and (self.cpp_outputs or self._complete_text(pending)):
-                    responder.send(engine_outputs(pending, "", n_in, pending_lp if req.return_log_probs else None,
-                                                  key), final=False)
-                    pending, pending_lp = [], []
+                        seq.flush()
+                    seq.finish = {"length": FinishReason.LENGTH.value,
+                                  "abort": FinishReason.CANCELLED.value}.get(delta.finish, FinishReason.STOP.value)
+                if seq.finish:
+                    finished += 1
+                    finish = seq.finish
+                    if finished == req.n:
+                        last_seq = seq
+                        if cut:  # a sequence the engine may still be generating for
+                            await self._abort(engine_id)
+                        break
+                    responder.send(outputs(seq, seq.finish), final=False)  # the others go on
+                    streamed = True
+                    continue
+                if req.streaming and seq.pending and (self.cpp_outputs or self._complete_text(seq.pending)):
+                    responder.send(outputs(seq, ""), final=False)
                     streamed = True
             if live.cancelled:
                 await self._abort(engine_id)
                 finish = FinishReason.CANCELLED.value
                 self._fail(responder, live.cancel_kind, live.cancel_message, streamed=streamed, key=key, n_in=n_in)
             else:
-                if not finish:
-                    finish = FinishReason.LENGTH.value if generated >= req.max_tokens else FinishReason.STOP.value
-                responder.send(engine_outputs(pending, finish, n_in, pending_lp if req.return_log_probs else None,
-                                              key), final=True)
+                # The last response: the sequence that finished last, or those the engine's
+                # stream ended without a reason (it gets theirs from their length).
+                ends = [last_seq] if last_seq is not None else [q for q in seqs.values() if not q.finish]
+                if not ends:
+                    ends = [_Sequence(0, [], echo)]
+                for i, q in enumerate(ends):
+                    if not q.finish:
+                        q.finish = FinishReason.LENGTH.value if q.generated >= req.max_tokens else FinishReason.STOP.value
+                    responder.send(outputs(q, q.finish), final=i == len(ends) - 1)
+                finish = ends[-1].finish
         except ModelError as exc:
             finish = "error"
             self._fail(responder, exc.kind, str(exc), exc.param, streamed=streamed, key=key, n_in=n_in)

@@ -9,10 +9,12 @@ against the table at import, so a new table row without its mapping line fails l
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
+from tritonforge.contract import GuideType
 from tritonforge.triton_models.engine.request import SAMPLING_INPUTS, EngineRequest
 from tritonforge.triton_models.engine.runner import (
     Delta,
@@ -22,7 +24,7 @@ from tritonforge.triton_models.engine.runner import (
 )
 from tritonforge.triton_models.errors import RequestError
 
-__all__ = ["VLLM_SAMPLING", "VllmAdapter"]
+__all__ = ["STRUCTURED_OUTPUTS_CONFIG", "VLLM_SAMPLING", "VllmAdapter", "structured_outputs"]
 
 # engine input -> vLLM SamplingParams field; None: accepted, deliberately not passed.
 VLLM_SAMPLING: Final[dict[str, str | None]] = {
@@ -45,6 +47,38 @@ if set(VLLM_SAMPLING) != SAMPLING_INPUTS:  # pragma: no cover - fails at import 
         f"{sorted(SAMPLING_INPUTS - set(VLLM_SAMPLING))} (or a stale one for "
         f"{sorted(set(VLLM_SAMPLING) - SAMPLING_INPUTS)}): add it to VLLM_SAMPLING"
     )
+
+
+# vLLM's StructuredOutputsConfig unless the spec's vllm.engine_args set one: xgrammar, the
+# library preprocessing compiles every guide with (so what it accepts, the engine can build;
+# vLLM's "auto" would fall back to another backend), and JSON generated compact (which
+# vLLM allows with xgrammar or guidance only). With free whitespace (vLLM's default; in vLLM 0.32 the per-request
+# ``disable_any_whitespace`` is not read by its xgrammar backend, only this engine setting), a
+# small model sampling at temperature 1 was seen to spend its whole max_tokens on newlines and
+# spaces inside the object: 2 to 4 of 20 SmolLM2 samples left unfinished.
+STRUCTURED_OUTPUTS_CONFIG: Final[dict[str, Any]] = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
+def structured_outputs(req: EngineRequest) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for the request's guide (``None`` without one);
+    preprocessing has checked and compiled the guide.
+
+    (JSON whitespace is the engine's setting: see ``STRUCTURED_OUTPUTS_CONFIG``.)
+    """
+    if not req.guide_type:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kind = GuideType(req.guide_type)
+    if kind is GuideType.JSON:
+        return StructuredOutputsParams(json_object=True)
+    if kind is GuideType.JSON_SCHEMA:
+        return StructuredOutputsParams(json=json.loads(req.guide))
+    if kind is GuideType.REGEX:
+        return StructuredOutputsParams(regex=req.guide)
+    if kind is GuideType.CHOICE:
+        return StructuredOutputsParams(choice=list(json.loads(req.guide)))
+    return StructuredOutputsParams(grammar=req.guide)
 
 
 # How long EngineCore gets to exit on its own at shutdown before vLLM kills it.
@@ -126,7 +160,12 @@ class VllmAdapter(TokenizerAdapter):
         unknown = sorted(set(self.engine_args) - known)
         if unknown:
             raise ValueError(f"unknown vLLM engine arguments: {', '.join(unknown)}")
-        args = AsyncEngineArgs(model=self.model_path, **self.engine_args)
+        from vllm.config import StructuredOutputsConfig
+
+        kwargs = dict(self.engine_args)
+        so = kwargs.get("structured_outputs_config", STRUCTURED_OUTPUTS_CONFIG)
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**so) if isinstance(so, dict) else so
+        args = AsyncEngineArgs(model=self.model_path, **kwargs)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._report.logger_factory()])
         self.tokenizer = self.engine.get_tokenizer()
         if self.lora:
@@ -182,13 +221,14 @@ class VllmAdapter(TokenizerAdapter):
         mapped = {field: req.sampling[name] for name, field in VLLM_SAMPLING.items()
                   if field is not None and name in req.sampling}
         return SamplingParams(
-            n=1,
+            n=req.n,
             max_tokens=req.max_tokens,
             stop_token_ids=stop_ids or None,
             bad_words=bad,
-            logprobs=0 if req.return_log_probs else None,
+            logprobs=req.top_logprobs if req.return_log_probs else None,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=structured_outputs(req),
             **mapped,
         )
 
@@ -211,15 +251,26 @@ class VllmAdapter(TokenizerAdapter):
             lora_request=lora_request,
         )
         async for out in stream:
-            comp = out.outputs[0]
-            new = [int(t) for t in comp.token_ids]
-            lps: list[float] | None = None
-            if req.return_log_probs and comp.logprobs:
-                lps = []
-                for tok, entry in zip(new, comp.logprobs):
-                    lp = entry.get(tok) if entry else None
-                    lps.append(float(lp.logprob) if lp is not None else 0.0)
-            yield Delta(new, lps, comp.finish_reason)
+            for comp in out.outputs:  # with n > 1 (streamed as deltas): one sequence at a time
+                yield self._delta(req, comp)
+
+    @staticmethod
+    def _delta(req: EngineRequest, comp: Any) -> Delta:
+        """One ``CompletionOutput`` (a delta of sequence ``comp.index``) as the skeleton's."""
+        new = [int(t) for t in comp.token_ids]
+        lps: list[float] | None = None
+        top: list[list[tuple[int, float]]] | None = None
+        if req.return_log_probs and comp.logprobs:
+            # vLLM's entry per token: {token id: Logprob(logprob, rank, ...)}, the sampled
+            # token and the top_logprobs most likely ones (ranks 1..k)
+            lps, top = [], []
+            for tok, entry in zip(new, comp.logprobs):
+                lp = entry.get(tok) if entry else None
+                lps.append(float(lp.logprob) if lp is not None else 0.0)
+                ranked = sorted((v.rank, int(t), float(v.logprob)) for t, v in (entry or {}).items()
+                                if v.rank is not None and v.rank <= req.top_logprobs)
+                top.append([(t, lp_) for _, t, lp_ in ranked])
+        return Delta(new, lps, comp.finish_reason, top if req.top_logprobs else None, int(comp.index))
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
