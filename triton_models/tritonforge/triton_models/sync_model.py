@@ -49,15 +49,17 @@ def merge_responses(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
     lps = [float(v) for p in parts if "output_log_probs" in p for v in p["output_log_probs"].reshape(-1)]
     tops = [t for p in parts if "output_top_log_probs" in p and bytes(p["output_top_log_probs"].reshape(-1)[0])
             for t in json.loads(bytes(p["output_top_log_probs"].reshape(-1)[0]))]
-    return {
+    merged = {
         "text_output": np.array([[text]], dtype=object),
         "finish_reason": np.array([[reason]], dtype=object),
         "num_input_tokens": np.array([[n_in]], dtype=np.int32),
         "num_output_tokens": np.array([[n_out]], dtype=np.int32),
-        "output_log_probs": np.array([lps], dtype=np.float32).reshape(1, len(lps)),
-        "output_top_log_probs": np.array([[json.dumps(tops, ensure_ascii=False).encode() if tops else b""]],
-                                         dtype=object),
     }
+    if lps:  # only when asked for: a response with an empty (0-byte) output is never cached
+        merged["output_log_probs"] = np.array([lps], dtype=np.float32).reshape(1, len(lps))
+        merged["output_top_log_probs"] = np.array(
+            [[json.dumps(tops, ensure_ascii=False).encode() if tops else b""]], dtype=object)
+    return merged
 
 
 class TritonPythonModel:
