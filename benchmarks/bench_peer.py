@@ -1,0 +1,297 @@
+"""tritonforge's default against ``vllm serve`` on the same machine, side by side, in ABBA order.
+
+Sides (one server at a time, never two):
+
+* ``triton``         -- Triton's ``generate_stream`` (HTTP SSE) on the default repository;
+* ``gateway``        -- tritonforge's OpenAI gateway over that same Triton (``/v1/completions``);
+* ``vllm-defaults``  -- ``vllm serve`` with its own defaults (torch.compile, chunked prefill,
+                        prefix caching) on the same prepared model folder;
+* ``vllm-spec``      -- ``vllm serve`` with the default spec's engine arguments (read from the
+                        repository's engine config), i.e. identical engine settings.
+
+``triton`` and ``gateway`` share one server visit; the two ``vllm`` sides are a visit each.
+Visits run forward, then reversed, then forward ... (A B C, C B A, A B C for three repeats), so
+a drift of the machine during the run falls on every side alike. Inside a visit each level runs
+after a warm-up, and inside the tritonforge visit the two clients alternate ABBA per level.
+
+One client for every side, written here on aiohttp (not the code under test): the same fixed
+prompts, greedy, ``min_tokens = max_tokens = --output-len`` so every request generates exactly
+that many tokens. The token count is checked on every request (Triton: the sum of the
+responses' ``num_output_tokens``; OpenAI: ``usage.completion_tokens``); a side that generated a
+different number of tokens stops the run. Output tok/s = all output tokens / the level's wall
+time; TTFT = request sent -> first non-empty text. Printed: medians over repeats with min-max,
+TTFT p50/p95 (medians), the 1-minute load average per level, and the ratios against each vLLM
+side.
+
+    python benchmarks/bench_peer.py                                  # all four sides, 3 repeats
+    python benchmarks/bench_peer.py --sides triton vllm-spec --levels 1 8 --repeats 3
+    python benchmarks/bench_peer.py --json results/bench-peer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gateway import (  # type: ignore[import-not-found]
+    MODEL_REF,
+    REPO,
+    engine_settings,
+    ensemble_name,
+    process,
+    vllm_flags,
+    wait_http,
+)
+
+SIDES = ("triton", "gateway", "vllm-defaults", "vllm-spec")
+VISITS = {"tritonforge": ("triton", "gateway"), "vllm-defaults": ("vllm-defaults",),
+          "vllm-spec": ("vllm-spec",)}
+WORDS = ["river", "stone", "light", "market", "garden", "window", "paper", "silver", "morning", "island", "letter", "engine", "winter", "summer", "forest", "bridge", "orange", "pocket", "valley", "number", "planet", "signal", "harbor", "circle", "thunder", "candle", "mirror", "rocket", "button", "ladder", "meadow", "castle", "violin", "pencil", "lantern"]
+
+
+def prompts(count: int, words: int, seed: int = 0) -> list[str]:
+    """Distinct prompts (no shared prefix past the first word, so prefix caching cannot skip work)."""
+    rng = random.Random(seed)
+    return [f"{i}. " + " ".join(rng.choice(WORDS) for _ in range(words)) for i in range(count)]
+
+
+@dataclass
+class Run:
+    side: str
+    concurrency: int
+    requests: int
+    wall_s: float
+    tokens: int
+    ttft_ms: list[float] = field(default_factory=list)
+    load_1m: float = 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    def ttft(self, q: float) -> float:
+        xs = sorted(self.ttft_ms)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def _one(session: Any, side: str, base: str, model: str, prompt: str, out_len: int) -> tuple[float, int]:
+    """One streamed request: (TTFT ms, output tokens)."""
+    t0 = time.perf_counter()
+    first: float | None = None
+    tokens = 0
+    if side == "triton":
+        url = f"{base}/v2/models/{model}/generate_stream"
+        body: dict[str, Any] = {"text_input": prompt, "max_tokens": out_len, "min_tokens": out_len,
+                                "temperature": 0.0}
+    else:
+        url = f"{base}/v1/completions"
+        body = {"model": model, "prompt": prompt, "max_tokens": out_len, "min_tokens": out_len,
+                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    async with session.post(url, json=body) as reply:
+        if reply.status != 200:
+            raise SystemExit(f"{side}: HTTP {reply.status}: {(await reply.text())[:500]}")
+        async for raw in reply.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            if side == "triton":
+                if "error" in event:
+                    raise SystemExit(f"{side}: {event['error']}")
+                text = event.get("text_output", "")
+                tokens += int(event.get("num_output_tokens", 0))
+            else:
+                choices = event.get("choices") or []
+                text = choices[0].get("text", "") if choices else ""
+                if event.get("usage"):
+                    tokens = int(event["usage"]["completion_tokens"])
+            if text and first is None:
+                first = time.perf_counter()
+    if first is None:
+        raise SystemExit(f"{side}: a request streamed no text")
+    return (first - t0) * 1000, tokens
+
+
+async def level(side: str, base: str, model: str, texts: list[str], concurrency: int,
+                out_len: int) -> Run:
+    import aiohttp
+
+    queue = list(texts)
+    ttfts: list[float] = []
+    counts: list[int] = []
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        async def worker() -> None:
+            while queue:
+                t, n = await _one(session, side, base, model, queue.pop(), out_len)
+                ttfts.append(t)
+                counts.append(n)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    wrong = [n for n in counts if n != out_len]
+    if wrong:
+        raise SystemExit(f"{side} c={concurrency}: {len(wrong)} requests generated {sorted(set(wrong))}"
+                         f" tokens, not {out_len}: the sides would not do the same work")
+    return Run(side, concurrency, len(texts), wall, sum(counts), ttfts, os.getloadavg()[0])
+
+
+def measure(sides: list[str], bases: dict[str, str], model: str, levels: list[int], per_stream: int,
+            out_len: int, in_words: int, flip: bool) -> list[Run]:
+    runs: list[Run] = []
+    for s in sides:  # warm-up: compile graphs, fill allocator pools
+        asyncio.run(level(s, bases[s], model, prompts(4, in_words, seed=99), 2, out_len))
+    for i, c in enumerate(levels):
+        texts = prompts(max(4, c * per_stream), in_words, seed=c)
+        order = sides if (i % 2 == 0) != flip else list(reversed(sides))
+        for s in (*order, *reversed(order)) if len(order) > 1 else order:
+            r = asyncio.run(level(s, bases[s], model, texts, c, out_len))
+            print(f"  {s:>13} c={c:<3} {r.tok_s:8.1f} tok/s  TTFT p50 {r.ttft(0.5):7.0f} ms"
+                  f"  p95 {r.ttft(0.95):7.0f} ms  load {r.load_1m:.2f}", flush=True)
+            runs.append(r)
+    return runs
+
+
+def visit(name: str, sides: list[str], model: str, folder: Path, served: str, args: argparse.Namespace,
+          starts: dict[str, list[float]], flip: bool) -> list[Run]:
+    from tritonforge.runtime.paths import cache_dir
+    from tritonforge.runtime.server import find_install, free_port, server_environment
+
+    logs = cache_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    if name == "tritonforge":
+        import contextlib
+
+        from tritonforge.runtime.server import ServerOptions, TritonServer
+
+        opts = ServerOptions(repository=REPO, http_port=free_port(), grpc_port=free_port(),
+                             metrics_port=free_port(), log_file=logs / "bench-peer-triton.log")
+        server = TritonServer(opts)
+        print("starting tritonserver (the default repository) ...", flush=True)
+        server.start()
+        with contextlib.ExitStack() as stack:
+            stack.callback(server.stop)
+            server.wait_ready(timeout=900)
+            grpc_url = opts.grpc_url
+            bases = {"triton": f"http://127.0.0.1:{opts.http_port}"}
+            if "gateway" in sides:
+                port = free_port()
+                argv = [sys.executable, "-c", "from tritonforge.cli import main; main()", "gateway",
+                        "--triton-url", grpc_url, "--model", served, "--port", str(port)]
+                env = {k: v for k, v in os.environ.items() if k != "TRITONFORGE_OPENAI_API_KEY"}
+                log = logs / "bench-peer-gateway.log"
+                proc = stack.enter_context(process(argv, env, log))
+                wait_http(f"http://127.0.0.1:{port}/v1/models", 120, proc, log)
+                bases["gateway"] = f"http://127.0.0.1:{port}"
+            starts[name].append(time.monotonic() - t0)
+            return measure(sides, bases, model, args.levels, args.per_stream, args.output_len,
+                           args.input_words, flip)
+    engine_args, engine_env = engine_settings(REPO)
+    port = free_port()
+    env = server_environment(find_install(), engine_env)
+    flags = vllm_flags(engine_args) if name == "vllm-spec" else []
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+            "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
+            "--disable-log-stats", *flags]
+    log = logs / f"bench-peer-{name}.log"
+    print(f"starting {name}: vllm serve {' '.join(flags) or '(its defaults)'}", flush=True)
+    with process(argv, env, log) as proc:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", 900, proc, log)
+        starts[name].append(time.monotonic() - t0)
+        return measure(sides, {name: f"http://127.0.0.1:{port}"}, served, args.levels, args.per_stream,
+                       args.output_len, args.input_words, flip)
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.Namespace,
+           starts: dict[str, list[float]]) -> dict[str, Any]:
+    table: dict[str, dict[int, dict[str, Any]]] = {s: {} for s in sides}
+    for s in sides:
+        for c in levels:
+            rs = [r for r in runs if r.side == s and r.concurrency == c]
+            tok = [r.tok_s for r in rs]
+            table[s][c] = {"tok_s": _med(tok), "tok_s_min": min(tok), "tok_s_max": max(tok),
+                           "ttft_p50_ms": _med([r.ttft(0.5) for r in rs]),
+                           "ttft_p95_ms": _med([r.ttft(0.95) for r in rs]),
+                           "load_1m": _med([r.load_1m for r in rs]), "repeats": len(rs),
+                           "tokens_per_run": rs[0].tokens}
+    print(f"\n{args.output_len} output tokens per request (checked on every request), greedy, "
+          f"{args.input_words}-word prompts, {args.per_stream} requests per stream; medians of "
+          f"repeats (min-max); {os.cpu_count()} CPUs")
+    print(f"{'side':>13} {'conc':>4} | {'tok/s':>7} {'(min-max)':>15} | {'TTFT p50':>8} {'p95':>7} ms"
+          f" | {'load':>5} | runs")
+    for s in sides:
+        for c in levels:
+            t = table[s][c]
+            print(f"{s:>13} {c:>4} | {t['tok_s']:7.1f} ({t['tok_s_min']:6.1f}-{t['tok_s_max']:6.1f}) |"
+                  f" {t['ttft_p50_ms']:8.0f} {t['ttft_p95_ms']:7.0f}    | {t['load_1m']:5.2f} | {t['repeats']}")
+    ratios: dict[str, dict[int, dict[str, float]]] = {}
+    for ours in ("triton", "gateway"):
+        for peer in ("vllm-defaults", "vllm-spec"):
+            if ours in table and peer in table:
+                key = f"{ours}/{peer}"
+                ratios[key] = {c: {"tok_s": table[ours][c]["tok_s"] / table[peer][c]["tok_s"],
+                                   "ttft_p50": table[ours][c]["ttft_p50_ms"] / table[peer][c]["ttft_p50_ms"]}
+                               for c in levels}
+    if ratios:
+        print("\nratios (tok/s: higher is better; TTFT p50: lower is better)")
+        for key, per in ratios.items():
+            cells = "  ".join(f"c={c}: {v['tok_s']:.2f} / {v['ttft_p50']:.2f}" for c, v in per.items())
+            print(f"  {key:>26}  {cells}")
+    print("\nserver ready after (s): " + ", ".join(
+        f"{k}: {' '.join(f'{x:.0f}' for x in v)}" for k, v in starts.items() if v)
+        + "  (first visit pays compile caches)")
+    return {"table": table, "ratios": ratios, "starts_s": starts, "output_len": args.output_len,
+            "cpus": os.cpu_count()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    p.add_argument("--levels", nargs="+", type=int, default=[1, 8, 16, 32])
+    p.add_argument("--repeats", type=int, default=3, help="visits per server (ABBA order); >= 3 for a median")
+    p.add_argument("--per-stream", type=int, default=2, help="requests per concurrent stream per level")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--input-words", type=int, default=40)
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+
+    from tritonforge.runtime.models import resolve_model
+
+    folder = resolve_model(MODEL_REF)
+    served = ensemble_name(REPO)
+    visits = [v for v, ss in VISITS.items() if any(s in a.sides for s in ss)]
+    starts: dict[str, list[float]] = {v: [] for v in visits}
+    runs: list[Run] = []
+    for rep in range(a.repeats):
+        order = visits if rep % 2 == 0 else list(reversed(visits))
+        for v in order:
+            sides = [s for s in VISITS[v] if s in a.sides]
+            print(f"\n=== repeat {rep + 1}/{a.repeats}: {v} ({', '.join(sides)}) ===", flush=True)
+            runs += visit(v, sides, served, folder, served, a, starts, flip=rep % 2 == 1)
+    out = report(runs, a.sides, a.levels, a, starts)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
