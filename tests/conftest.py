@@ -12,10 +12,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -134,11 +135,38 @@ def _restart_shared_server(handle: ServerHandle) -> None:
     server.start_ready(timeout=600)  # type: ignore[attr-defined]
 
 
+# After a test on the shared server failed, the server must still answer a one-token request
+# within this many seconds, or it is started again (a wedged server -- e.g. Triton 2.51's Python
+# backend after a stub missed its health deadline -- would fail every later test by timeout).
+WEDGE_PROBE_SECONDS = 120.0
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    setattr(item, f"report_{report.when}", report)  # read by _shared_server_alive
+    return report
+
+
+def _shared_server_wedged(handle: ServerHandle) -> str | None:
+    """Why the (running) shared server cannot serve: a one-token request through the
+    ensemble failed or took over WEDGE_PROBE_SECONDS; None when it answered."""
+    from tritonforge.clients import Client, TritonForgeError
+
+    try:
+        with Client(handle.grpc_url, model=handle.model, timeout=WEDGE_PROBE_SECONDS) as client:
+            client.complete("Hello", max_tokens=1)
+    except TritonForgeError as exc:
+        return f"the shared server no longer serves a one-token request ({type(exc).__name__}: {exc})"
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _shared_server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that uses the shared server fails, with the server's own account (exit status,
     log tail), when the server is gone; the server is then started again for the tests after
-    it (instead of dozens of bare 'connection refused')."""
+    it (instead of dozens of bare 'connection refused'). After a test that failed, the server
+    must also still serve (``_shared_server_wedged``), else it is started again too."""
     if "triton_server" not in request.fixturenames:
         yield
         return
@@ -150,6 +178,19 @@ def _shared_server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
     if (why := _shared_server_death(handle)) is not None:
         _restart_shared_server(handle)
         pytest.fail(f"during {request.node.nodeid}: {why}", pytrace=False)
+    if handle.server is not None:
+        # what makes ``serve`` restart a server (a model asked for it after a stall that may
+        # have broken Triton's Python backend, a dead engine, a wedged model): the same here,
+        # so that the next test does not set off what this one left
+        why, _ = handle.server.failure()  # type: ignore[attr-defined]
+        if why is not None:
+            print(f"\nafter {request.node.nodeid}: {why}; starting the shared server again")
+            _restart_shared_server(handle)
+    report = getattr(request.node, "report_call", None)
+    if (report is not None and report.failed and handle.server is not None
+            and (why := _shared_server_wedged(handle)) is not None):
+        _restart_shared_server(handle)
+        pytest.fail(f"after {request.node.nodeid}: {why}; started it again", pytrace=False)
 
 
 def metric(metrics_url: str, name: str, *, required: bool = False, **labels: str) -> float:
@@ -208,6 +249,24 @@ class ServeProcess:
     metrics_url: str
     model: str
     log: Path
+    lines: list[str] = field(default_factory=list)  # serve's output so far (read by a thread)
+    _reader: threading.Thread | None = None
+
+    def read_output(self) -> None:
+        """Collect serve's output as it comes (a full pipe would block serve)."""
+        def drain() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+
+        self._reader = threading.Thread(target=drain, daemon=True)
+        self._reader.start()
+
+    def output(self) -> str:
+        """serve's output so far (all of it once serve has exited)."""
+        if self.proc.poll() is not None and self._reader is not None:
+            self._reader.join(10)
+        return "".join(self.lines)
 
     def ready(self) -> bool:
         try:
@@ -231,8 +290,7 @@ class ServeProcess:
         deadline = time.monotonic() + seconds
         while not self.ready():
             if self.proc.poll() is not None:
-                out = self.proc.stdout.read() if self.proc.stdout else ""
-                raise RuntimeError(f"serve exited early:\n{out}")
+                raise RuntimeError(f"serve exited early:\n{self.output()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"serve was not ready in {seconds:.0f} s")
             time.sleep(0.5)
@@ -259,6 +317,7 @@ def serve_process(log: Path) -> Iterator[ServeProcess]:
     )
     s = ServeProcess(proc, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}",
                      f"127.0.0.1:{ports[2]}", _default_model_name(), log)
+    s.read_output()
     try:
         s.wait_ready()
         s.wait_metrics()

@@ -218,6 +218,12 @@ def test_sse_decoding() -> None:
     assert (listed.text, listed.tokens) == ("ab", 2)
     with pytest.raises(InvalidRequest, match="top_p"):
         _wire.sse_event(json.dumps({"error": "top_p must be in (0, 1]"}))
+    # the Python backend's own failure (seen in CI when a stub missed its health deadline):
+    # the server failed, the request was fine
+    with pytest.raises(ServerError, match="not healthy") as failed:
+        _wire.sse_event(json.dumps({"error": "in ensemble 'smollm2', Stub process "
+                                             "'postprocessing_0_0' is not healthy."}))
+    assert not isinstance(failed.value, InvalidRequest)
     with pytest.raises(ProtocolError):
         _wire.sse_event("not json")
     with pytest.raises(ProtocolError):

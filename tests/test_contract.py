@@ -128,6 +128,18 @@ def test_untagged_errors_are_not_guessed() -> None:
     assert C.parse_error("[tritonforge:no_such_kind] x") is None
 
 
+@pytest.mark.parametrize("text", [
+    "in ensemble 'smollm2', Stub process 'postprocessing_0_0' is not healthy.",  # seen in CI
+    ("Failed to process the request(s) for model instance 'preprocessing_0_0', message: "
+     "Stub process is not healthy."),
+    "Failed to obtain the health mutex.",
+])
+def test_the_python_backends_own_failures_are_internal(text: str) -> None:
+    """A stub that missed Triton's health deadline failed a valid request: a server error,
+    never a refused request (the typed clients read it as ServerError)."""
+    assert C.parse_error(text) == C.ErrorInfo(C.ErrorKind.INTERNAL, text)
+
+
 def test_stop_request_is_the_engines_required_inputs_and_stop() -> None:
     names = [n for n, _, _ in C.STOP_REQUEST]
     engine = C.by_name(C.ENGINE_INPUTS)

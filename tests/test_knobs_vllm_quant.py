@@ -145,7 +145,10 @@ def awq_checkpoint() -> Path:
         "quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"})
 
 
-@pytest.fixture(scope="module")
+# Each server (and oracle) here is a whole vLLM engine (~3 GiB with its stubs): class-scoped, so
+# the GPTQ/FP8 server and its oracle are gone before the AWQ server and its oracle start (all at
+# once, with the session's shared server and oracle, left ~2 GiB of a 24 GiB machine free).
+@pytest.fixture(scope="class")
 def fp8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     from tritonforge.runtime.models import resolve_model
 
@@ -161,7 +164,7 @@ def fp8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         yield {**addresses, "folder": folder}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fp8_oracle() -> Iterator[Any]:
     """Offline vLLM on the server's checkpoint, KV dtype and draft model. (Against offline vLLM
     without speculation, the text parted after ~25 tokens on one prompt when this was tried
@@ -182,48 +185,49 @@ def fp8_oracle() -> Iterator[Any]:
         oracle.close()
 
 
-def test_gptq_layers_run_on_vllms_cpu_kernel(fp8_server: dict[str, Any]) -> None:
-    log = fp8_server["server_log"].read_text()
-    assert "quantization=auto_gptq" in log  # vLLM's engine config, as it logged it
-    assert "Using CPUWNA16LinearKernel for AutoGPTQLinearMethod" in log
+class TestGptqFp8KvDraftModel:
+    """The GPTQ checkpoint with an FP8 KV cache and a draft model, on one server."""
+
+    def test_gptq_layers_run_on_vllms_cpu_kernel(self, fp8_server: dict[str, Any]) -> None:
+        log = fp8_server["server_log"].read_text()
+        assert "quantization=auto_gptq" in log  # vLLM's engine config, as it logged it
+        assert "Using CPUWNA16LinearKernel for AutoGPTQLinearMethod" in log
+
+    def test_fp8_kv_cache_holds_one_byte_per_element(self, fp8_server: dict[str, Any]) -> None:
+        cfg = json.loads((fp8_server["folder"] / "config.json").read_text())
+        heads, layers = cfg["num_key_value_heads"], cfg["num_hidden_layers"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        found = re.findall(r"CPU KV cache size: ([\d,]+) tokens", fp8_server["server_log"].read_text())
+        assert found, "vLLM logged no KV cache size"
+        tokens = int(found[-1].replace(",", ""))
+
+        def capacity(element_bytes: int) -> int:  # K and V, target + draft layers, 128-token blocks
+            per_token = 2 * (layers + layers) * heads * head_dim * element_bytes
+            return (KV_GIB * 2**30 // per_token) // 128 * 128
+
+        print(f"\nfp8 KV cache: vLLM allocated {tokens:,} tokens in {KV_GIB} GiB (1 byte/element: "
+              f"{capacity(1):,}; bf16 would be {capacity(2):,})")
+        assert tokens == capacity(1)
+
+    def test_draft_model_speculation_serves_vllms_output(self, fp8_server: dict[str, Any], fp8_oracle: Any) -> None:
+        m = fp8_server["metrics"]
+        names = ("drafts", "draft_tokens", "accepted_tokens")
+        before = {n: _metric(m, f"tritonforge_engine_spec_decode_{n}_total") for n in names}
+        with Client(fp8_server["grpc"], model=MODEL) as client:
+            for prompt in PROMPTS:
+                served = client.complete(prompt, max_tokens=32, temperature=0.0)
+                offline = fp8_oracle.generate(prompt, max_tokens=32, temperature=0.0)
+                assert served.text == offline["text"], (prompt, served.text, offline["text"])
+        time.sleep(0.5)
+        got = {n: _metric(m, f"tritonforge_engine_spec_decode_{n}_total") - before[n] for n in names}
+        print(f"\ndraft-model speculation (3 tokens, GPTQ W4 target, bf16 draft, fp8 KV): {len(PROMPTS)} prompts = vLLM "
+              f"offline with the same config; vLLM's counts: {got['drafts']:.0f} drafts, "
+              f"{got['draft_tokens']:.0f} drafted, {got['accepted_tokens']:.0f} accepted")
+        assert got["drafts"] > 0 and got["draft_tokens"] == 3 * got["drafts"]
+        assert 0 < got["accepted_tokens"] <= got["draft_tokens"]
 
 
-def test_fp8_kv_cache_holds_one_byte_per_element(fp8_server: dict[str, Any]) -> None:
-    cfg = json.loads((fp8_server["folder"] / "config.json").read_text())
-    heads, layers = cfg["num_key_value_heads"], cfg["num_hidden_layers"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    found = re.findall(r"CPU KV cache size: ([\d,]+) tokens", fp8_server["server_log"].read_text())
-    assert found, "vLLM logged no KV cache size"
-    tokens = int(found[-1].replace(",", ""))
-
-    def capacity(element_bytes: int) -> int:  # K and V, target + draft layers, 128-token blocks
-        per_token = 2 * (layers + layers) * heads * head_dim * element_bytes
-        return (KV_GIB * 2**30 // per_token) // 128 * 128
-
-    print(f"\nfp8 KV cache: vLLM allocated {tokens:,} tokens in {KV_GIB} GiB (1 byte/element: "
-          f"{capacity(1):,}; bf16 would be {capacity(2):,})")
-    assert tokens == capacity(1)
-
-
-def test_draft_model_speculation_serves_vllms_output(fp8_server: dict[str, Any], fp8_oracle: Any) -> None:
-    m = fp8_server["metrics"]
-    names = ("drafts", "draft_tokens", "accepted_tokens")
-    before = {n: _metric(m, f"tritonforge_engine_spec_decode_{n}_total") for n in names}
-    with Client(fp8_server["grpc"], model=MODEL) as client:
-        for prompt in PROMPTS:
-            served = client.complete(prompt, max_tokens=32, temperature=0.0)
-            offline = fp8_oracle.generate(prompt, max_tokens=32, temperature=0.0)
-            assert served.text == offline["text"], (prompt, served.text, offline["text"])
-    time.sleep(0.5)
-    got = {n: _metric(m, f"tritonforge_engine_spec_decode_{n}_total") - before[n] for n in names}
-    print(f"\ndraft-model speculation (3 tokens, GPTQ W4 target, bf16 draft, fp8 KV): {len(PROMPTS)} prompts = vLLM "
-          f"offline with the same config; vLLM's counts: {got['drafts']:.0f} drafts, "
-          f"{got['draft_tokens']:.0f} drafted, {got['accepted_tokens']:.0f} accepted")
-    assert got["drafts"] > 0 and got["draft_tokens"] == 3 * got["drafts"]
-    assert 0 < got["accepted_tokens"] <= got["draft_tokens"]
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def awq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     spec = yaml.safe_load((ROOT / "deployments" / "default.yaml").read_text())
     spec["name"] = MODEL
@@ -233,18 +237,21 @@ def awq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         yield addresses
 
 
-def test_awq_layers_run_on_vllms_cpu_kernel_and_serve_vllms_output(awq_server: dict[str, Any]) -> None:
-    from tritonforge.runtime.server import find_install, server_environment
-    from vllm_oracle import VllmOracle
+class TestAwq:
+    """The AWQ checkpoint on its own server."""
 
-    log = awq_server["server_log"].read_text()
-    assert "quantization=awq" in log  # vLLM's engine config, as it logged it
-    assert "Using CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod" in log
-    oracle = VllmOracle(awq_checkpoint(), {}, server_environment(find_install(), {"VLLM_CPU_KVCACHE_SPACE": "1"}))
-    try:
-        with Client(awq_server["grpc"], model=MODEL) as client:
-            for prompt in PROMPTS:
-                served = client.complete(prompt, max_tokens=24, temperature=0.0)
-                assert served.text == oracle.generate(prompt, max_tokens=24, temperature=0.0)["text"], prompt
-    finally:
-        oracle.close()
+    def test_awq_layers_run_on_vllms_cpu_kernel_and_serve_vllms_output(self, awq_server: dict[str, Any]) -> None:
+        from tritonforge.runtime.server import find_install, server_environment
+        from vllm_oracle import VllmOracle
+
+        log = awq_server["server_log"].read_text()
+        assert "quantization=awq" in log  # vLLM's engine config, as it logged it
+        assert "Using CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod" in log
+        oracle = VllmOracle(awq_checkpoint(), {}, server_environment(find_install(), {"VLLM_CPU_KVCACHE_SPACE": "1"}))
+        try:
+            with Client(awq_server["grpc"], model=MODEL) as client:
+                for prompt in PROMPTS:
+                    served = client.complete(prompt, max_tokens=24, temperature=0.0)
+                    assert served.text == oracle.generate(prompt, max_tokens=24, temperature=0.0)["text"], prompt
+        finally:
+            oracle.close()

@@ -372,7 +372,7 @@ def test_sigterm_under_load_ends_every_stream_and_exits_cleanly(served: Served) 
     took = time.monotonic() - t0
     for t in threads:
         t.join(30)
-    out = s.proc.stdout.read() if s.proc.stdout else ""
+    out = s.output()
     survivors = [pid for pid in tree if Path(f"/proc/{pid}").exists()
                  and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
     log = s.log.read_text(errors="replace")

@@ -11,6 +11,9 @@ process tree in /proc, while requests are running. Then:
   ready: the engine model reports ``tritonforge_engine_up 0`` and ``serve`` restarts the
   server);
 * the server comes back and serves again.
+
+The module's other failures on the same ``serve``: tritonserver itself crashing, and a Python
+backend stub stalled past Triton's health deadline (``serve`` starts the server again).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from tritonforge.clients import (
     EngineError,
     InvalidRequest,
     ModelNotReady,
+    ServerError,
     ServerUnavailable,
+    TritonForgeError,
 )
 from tritonforge.gateway import run_gateway_in_thread
 
@@ -151,3 +156,87 @@ def test_a_crashed_tritonserver_is_started_again_by_serve(served: ServeProcess) 
         assert client.complete(PROMPT, max_tokens=8, min_tokens=8).text
     print(f"\ntritonserver SIGSEGV: serving again after {back_after:.0f} s "
           f"(pid {before[0]} -> {after[0]}); load average {os.getloadavg()[0]:.2f}")
+
+
+def _stubs_of(serve_pid: int, model: str) -> list[int]:
+    """Python-backend stub processes under ``serve_pid`` serving instances of ``model``."""
+    pids = []
+    for pid in descendants(serve_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"triton_python_backend_stub") and argv[8].decode().startswith(f"{model}_0_"):
+            pids.append(pid)
+    return pids
+
+
+def test_a_stub_stalled_past_the_health_deadline_makes_serve_start_the_server_again(served: ServeProcess) -> None:
+    """Triton 2.51's Python backend gives a stub 1 s to show it is alive while it waits on it;
+    a stub that was stopped longer (here: SIGSTOP for 2.5 s, as memory reclaim or a stopped
+    virtual CPU would) is declared unhealthy, and its late reply is taken as the answer to the
+    model's next request -- which crashed tritonserver when tried here (an empty error, then
+    SIGSEGV on the request after). The ``_sync`` model is stalled while its two instances
+    each forward a request: those requests fail as a server error (not a refused request);
+    then, with no further request, the stub's stall watcher asks ``serve`` to start the server
+    again, which it does; afterwards both ``_sync`` and the ensemble answer exactly as before
+    the stall. Oracles: the operating system's stop/continue of the real stub processes,
+    ``serve``'s own restart, and the answers the same server gave before."""
+    s = served
+    s.wait_ready(600)
+    sync = f"{s.model}_sync"
+    with Client(s.grpc_url, model=sync, timeout=120) as client:
+        before_sync = client.complete(PROMPT, max_tokens=16).text
+    with Client(s.grpc_url, model=s.model, timeout=120) as client:
+        before = client.complete(PROMPT, max_tokens=16).text
+    stubs = _stubs_of(s.proc.pid, sync)
+    assert len(stubs) == 2, stubs
+    said_before = s.output().count("restarting tritonserver")
+    said_again = s.output().count("ready again")
+
+    failures: list[TritonForgeError] = []
+
+    def forward() -> None:
+        try:
+            with Client(s.grpc_url, model=sync, timeout=300) as client:
+                client.complete(PROMPT, max_tokens=LONG, min_tokens=LONG)
+        except TritonForgeError as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=forward, daemon=True) for _ in stubs]
+    for t in threads:
+        t.start()
+    wait_engine_gauge(s.metrics_url, lambda v: v >= 2, 60)
+    for pid in stubs:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(2.5)
+    for pid in stubs:
+        os.kill(pid, signal.SIGCONT)
+    t0 = time.monotonic()
+    for t in threads:
+        t.join(300)
+    assert len(failures) == 2, f"the stalled requests did not fail: {failures}"
+    for exc in failures:
+        assert isinstance(exc, (ServerError, ServerUnavailable)) and not isinstance(exc, InvalidRequest), repr(exc)
+
+    # serve starts the server again by itself (no request needed to set the crash off)
+    while s.output().count("restarting tritonserver") == said_before:
+        assert time.monotonic() - t0 < 30, f"serve did not restart after the stall:\n{s.output()[-2000:]}"
+        time.sleep(0.2)
+    asked_after = time.monotonic() - t0
+    assert "stalled" in s.output().split("restarting tritonserver")[-2].splitlines()[-1]
+    while s.output().count("ready again") == said_again:
+        assert s.proc.poll() is None, s.output()[-2000:]
+        assert time.monotonic() - t0 < 600, f"serve did not come back:\n{s.output()[-2000:]}"
+        time.sleep(0.5)
+    s.wait_ready(60)
+    back_after = time.monotonic() - t0
+    with Client(s.grpc_url, model=sync, timeout=120) as client:
+        assert client.complete(PROMPT, max_tokens=16).text == before_sync
+        assert client.complete(PROMPT, max_tokens=16).text == before_sync  # the second one crashed
+    with Client(s.grpc_url, model=s.model, timeout=120) as client:
+        assert client.complete(PROMPT, max_tokens=16).text == before
+    print(f"\n_sync stubs stopped 2.5 s mid-request: both requests failed "
+          f"({sorted({type(e).__name__ for e in failures})}); serve restarted "
+          f"{asked_after:.1f} s after, serving again after {back_after:.0f} s with the same answers; "
+          f"load average {os.getloadavg()[0]:.2f}")

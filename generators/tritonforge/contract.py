@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 __all__ = [
+    "BACKEND_FAILURE_TEXTS",
     "DRAIN_FILE_ENV",
     "ENABLE_EMPTY_FINAL_PARAMETER",
     "ENGINE_EXTRA_OUTPUTS",
@@ -71,6 +72,7 @@ __all__ = [
     "PREPROCESSING_INPUTS",
     "PREPROCESSING_OUTPUTS",
     "REQUEST_PARAMETERS",
+    "RESTART_FILE_ENV",
     "SAMPLING_DEFAULTS",
     "STOP_REQUEST",
     "TRITON_REQUEST_PARAMETERS",
@@ -234,11 +236,25 @@ def format_error(kind: ErrorKind, message: str, param: str | None = None) -> str
     return f"{tag} {message}"
 
 
+# Errors Triton's Python backend (2.51) itself answers when a model's stub process fails or
+# misses its health deadline (python_backend ``stub_launcher.cc``, ``python_be.cc``): the
+# server failed on a valid request. They carry no tritonforge tag, and inside a stream they
+# arrive without a status code, so they are recognised by these texts.
+BACKEND_FAILURE_TEXTS: Final = (
+    "is not healthy",  # "Stub process '<instance>' is not healthy."
+    "Failed to obtain the health mutex",
+    "Failed to process the request(s) for model instance",
+)
+
+
 def parse_error(text: str) -> ErrorInfo | None:
     """Read the tag :func:`format_error` wrote; ``None`` for an error without one (Triton's
-    own errors: use the transport's status code for those)."""
+    own errors: use the transport's status code for those), except the Python backend's own
+    failures (:data:`BACKEND_FAILURE_TEXTS`), which are ``INTERNAL``."""
     m = _ERROR_RE.search(text)
     if m is None:
+        if any(marker in text for marker in BACKEND_FAILURE_TEXTS):
+            return ErrorInfo(ErrorKind.INTERNAL, text.strip())
         return None
     try:
         kind = ErrorKind(m.group("kind"))
@@ -746,6 +762,9 @@ ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
 # models end every live request ("server is shutting down") and refuse new ones. Set by the
 # launcher (runtime.server) before it stops the server.
 DRAIN_FILE_ENV: Final = "TRITONFORGE_DRAIN_FILE"
+# The environment variable naming the restart file: a tritonforge model writes why there when
+# the server must be started again (``stub_health.StallWatch``); the launcher restarts it.
+RESTART_FILE_ENV: Final = "TRITONFORGE_RESTART_FILE"
 
 
 def engine_request_id(key: int) -> str:

@@ -256,7 +256,7 @@ def serve(
             con.print("serving; Ctrl-C to stop")
         restarts: list[float] = []  # when serve restarted a failed server (bounded below)
         while not stop.is_set():
-            why, tail = _failure(server)
+            why, tail = server.failure()
             if why is not None:
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS]
@@ -287,31 +287,10 @@ def serve(
             con.print(f"stopped (tritonserver exit code {code})")
 
 
-# serve restarts a server that failed while serving (tritonserver exited, or an engine
-# died) at most this many times within this window, then gives up with the server's log.
+# serve restarts a server that failed while serving (tritonserver exited, an engine died, or
+# a model wedged: ``TritonServer.failure``) at most this many times within this window, then gives up with the server's log.
 MAX_RESTARTS = 3
 RESTART_WINDOW_SECONDS = 600.0
-
-
-def _failure(server: Any) -> tuple[str | None, str]:
-    """Why the running server needs a restart (None: it does not), and its log's tail when
-    tritonserver itself is gone."""
-    proc = server.process
-    if proc is None or proc.poll() is not None:
-        code = None if proc is None else proc.returncode
-        if code is not None and code < 0:
-            try:
-                how = f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"killed by signal {-code}"
-        else:
-            how = f"exit code {code}"
-        return f"tritonserver exited unexpectedly ({how})", server.log_tail(15)
-    if server.engines_up() is False:
-        # Triton 2.51 cannot mark a Python model not ready: restart the server. Its health
-        # endpoint fails from the stop on, and clients see ServerUnavailable.
-        return "the inference engine died", ""
-    return None, ""
 
 
 def _self_command() -> str:

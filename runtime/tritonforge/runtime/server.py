@@ -37,10 +37,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonforge.contract import DRAIN_FILE_ENV
+from tritonforge.contract import DRAIN_FILE_ENV, RESTART_FILE_ENV
 from tritonforge.runtime import adminkey
 from tritonforge.runtime.paths import cache_dir
-from tritonforge.triton_models.metrics import ENGINE_UP
+from tritonforge.triton_models.metrics import ENGINE_UP, REQUESTS_RUNNING
 
 __all__ = [
     "ServerError",
@@ -88,6 +88,16 @@ STALL_SECONDS = 300.0
 # thread has waited this long in wait4() on one of its own stubs, instead of waiting for
 # STALL_SECONDS of silence.
 STUB_WAIT_SECONDS = 10.0
+
+# A model is wedged when requests wait for it (Triton's ``nv_inference_pending_request_count``
+# > 0), it has finished no execution (``nv_inference_exec_count`` unchanged) and no engine
+# request has been running (``tritonforge_engine_requests_running`` 0: a forwarding model such
+# as ``_sync`` legitimately waits for the engine) -- all for this long. Seen with Triton 2.51's
+# Python backend after a stub missed its 1-s health deadline: the backend takes the stub's
+# late reply as the answer to the next request and, instead of crashing, can stop executing
+# that model for good (the last CI run: every later request timed out). ``failure()`` reports
+# it so that ``serve`` starts the server again.
+WEDGE_SECONDS = 30.0
 _WAIT4 = {"x86_64": 61, "aarch64": 260}.get(platform.machine())  # Linux syscall numbers
 _STUB_BINARY = b"triton_python_backend_stub"
 _STUB_NAME_ARG = 8  # argv: stub, model.py, shm region, sizes x2, parent pid, lib dir, ipc handle, NAME
@@ -271,6 +281,8 @@ class TritonServer:
         self._log_start = 0
         self.restarts_after_crash = 0  # starts retried by start_ready()
         self.drain_file = cache_dir() / "run" / f"drain-{options.http_port}-{os.getpid()}-{id(self):x}"
+        self.restart_file = self.drain_file.with_name(self.drain_file.name.replace("drain-", "restart-", 1))
+        self._progress: dict[str, tuple[float, float]] = {}  # model -> (exec count, since) (wedged())
 
     @property
     def log_file(self) -> Path:
@@ -319,6 +331,7 @@ class TritonServer:
                     f"port {port} on {self.options.host} is already in use; pick another with "
                     "--http-port/--grpc-port/--metrics-port or stop what uses it"
                 )
+        self._progress = {}
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self._log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
         log = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
@@ -326,7 +339,9 @@ class TritonServer:
         env = server_environment(self.install, self.options.env)
         self.drain_file.parent.mkdir(parents=True, exist_ok=True)
         self.drain_file.unlink(missing_ok=True)
+        self.restart_file.unlink(missing_ok=True)
         env[DRAIN_FILE_ENV] = str(self.drain_file)
+        env[RESTART_FILE_ENV] = str(self.restart_file)
         self.process = subprocess.Popen(
             self.command(),
             stdout=log,
@@ -425,17 +440,72 @@ class TritonServer:
         except OSError:
             return ""
 
-    def engines_up(self) -> bool | None:
-        """False when an engine model reports its engine dead (``tritonforge_engine_up`` 0 on
-        the metrics endpoint); None when that cannot be read."""
+    def _metrics_text(self) -> str | None:
         try:
             with urllib.request.urlopen(f"http://{self.options.metrics_url}/metrics", timeout=2) as r:
-                text = r.read().decode("utf-8", "replace")
+                return str(r.read().decode("utf-8", "replace"))
         except (urllib.error.URLError, OSError):
             return None
-        values = [line.rsplit(" ", 1)[1] for line in text.splitlines()
-                  if line.startswith(ENGINE_UP + "{")]
-        return all(float(v) > 0 for v in values)
+
+    def engines_up(self, text: str | None = None) -> bool | None:
+        """False when an engine model reports its engine dead (``tritonforge_engine_up`` 0 on
+        the metrics endpoint); None when that cannot be read."""
+        text = self._metrics_text() if text is None else text
+        if text is None:
+            return None
+        return all(v > 0 for v in _series(text, ENGINE_UP).values())
+
+    def wedged(self, text: str | None = None, now: float | None = None) -> str | None:
+        """Which model is wedged (see ``WEDGE_SECONDS``), as a sentence; None when none is
+        (or the metrics cannot be read). Call it regularly: it compares with earlier calls."""
+        text = self._metrics_text() if text is None else text
+        if text is None:
+            return None
+        now = time.monotonic() if now is None else now
+        pending = _series(text, "nv_inference_pending_request_count")
+        executed = _series(text, "nv_inference_exec_count")
+        busy = sum(_series(text, REQUESTS_RUNNING).values()) > 0
+        for model, waiting in pending.items():
+            count = executed.get(model, 0.0)
+            last = self._progress.get(model)
+            if waiting <= 0 or busy or last is None or last[0] != count:
+                self._progress[model] = (count, now)
+                continue
+            if now - last[1] >= WEDGE_SECONDS:
+                return (f"model {model!r} has {waiting:.0f} request(s) waiting and has executed none "
+                        f"for {now - last[1]:.0f} s while the engine is idle")
+        return None
+
+    def failure(self) -> tuple[str | None, str]:
+        """Why the running server needs a restart (None: it does not): tritonserver exited,
+        a model asked for it (the restart file, ``contract.RESTART_FILE_ENV``), an engine
+        died, or a model is wedged; and the log's tail when tritonserver is gone."""
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            code = None if proc is None else proc.returncode
+            if code is not None and code < 0:
+                try:
+                    how = f"killed by {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"killed by signal {-code}"
+            else:
+                how = f"exit code {code}"
+            return f"tritonserver exited unexpectedly ({how})", self.log_tail(15)
+        with contextlib.suppress(OSError):
+            asked = self.restart_file.read_text().strip()
+            if asked:
+                return asked, ""
+        text = self._metrics_text()
+        if text is None:
+            return None, ""
+        if self.engines_up(text) is False:
+            # Triton 2.51 cannot mark a Python model not ready: restart the server. Its health
+            # endpoint fails from the stop on, and clients see ServerUnavailable.
+            return "the inference engine died", ""
+        why = self.wedged(text)
+        if why is not None:
+            return why, self.log_tail(15)
+        return None, ""
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -467,6 +537,7 @@ class TritonServer:
         # Stubs and engine workers share the group; make sure none outlives the server.
         _signal_group(proc.pid, signal.SIGKILL)
         self.drain_file.unlink(missing_ok=True)
+        self.restart_file.unlink(missing_ok=True)
         if self.admin_key:
             adminkey.withdraw(self.admin_key, self._published)
         self._published = []
@@ -482,6 +553,23 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _series(text: str, name: str) -> dict[str, float]:
+    """Values of one metric in Prometheus text, summed per ``model`` label ("" without one)."""
+    out: dict[str, float] = {}
+    prefix = name + "{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, _, value = line[len(prefix):].rpartition("} ")
+        start = labels.find('model="')
+        model = labels[start + 7:labels.index('"', start + 7)] if start >= 0 else ""
+        try:
+            out[model] = out.get(model, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
 
 
 def _signal_group(pid: int, sig: int) -> None:

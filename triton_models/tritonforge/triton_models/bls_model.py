@@ -64,7 +64,7 @@ class _Live:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        triton_io.prepare_stub()
+        triton_io.prepare_stub(self, args)
         config, params = triton_io.model_params(args)
         self.engine = params[Param.TARGET_MODEL.value]
         kind = EngineKind(params.get(Param.ENGINE_KIND.value) or EngineKind.VLLM.value)

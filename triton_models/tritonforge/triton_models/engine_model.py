@@ -114,7 +114,7 @@ def _make_adapter(kind: EngineKind, params: dict[str, str], args: dict[str, Any]
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        triton_io.prepare_stub()
+        triton_io.prepare_stub(self, args)
         config, params = triton_io.model_params(args)
         for key, value in json.loads(params.get(Param.ENGINE_ENV.value) or "{}").items():
             os.environ[str(key)] = str(value)

@@ -43,7 +43,7 @@ __all__ = ["TritonPythonModel"]
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        triton_io.prepare_stub()
+        triton_io.prepare_stub(self, args)
         _, params = triton_io.model_params(args)
         ref = params.get(Param.TOKENIZER.value) or params[Param.MODEL.value]
         skip = (params.get(Param.SKIP_SPECIAL_TOKENS.value) or "true").lower() != "false"

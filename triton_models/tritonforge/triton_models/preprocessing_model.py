@@ -18,7 +18,7 @@ __all__ = ["TritonPythonModel"]
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        triton_io.prepare_stub()
+        triton_io.prepare_stub(self, args)
         _, params = triton_io.model_params(args)
         self.pre = Preprocessor.from_params(params)
         self.facts: FactsStore | None = None

@@ -64,7 +64,7 @@ def merge_responses(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        triton_io.prepare_stub()
+        triton_io.prepare_stub(self, args)
         _, params = triton_io.model_params(args)
         self.target = params[Param.TARGET_MODEL.value]
         self.engine = params.get(Param.ENGINE_MODEL.value) or ""

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-def prepare_stub() -> None:
+def prepare_stub(model: Any, args: dict[str, Any]) -> None:
     """What every tritonforge model does first in ``initialize()``: a UTF-8 locale
     (``fix_locale``), and a quick exit of the stub process once Triton has finalized it.
 
@@ -42,18 +42,26 @@ def prepare_stub() -> None:
 
     It also honours ``$PYTHONPATH``, which the stub's embedded interpreter does not read
     (seen on 2.51: a package there was not importable): its entries go first on
-    ``sys.path``, as a plain interpreter would put them; and it raises the priority of the
-    stub's health thread (``stub_health``), which the backend gives a 1-s deadline.
+    ``sys.path``, as a plain interpreter would put them; it puts the stub's health thread,
+    which the backend gives a 1-s deadline, in the real-time class
+    (``stub_health.favour_health_thread``); and it watches for stalls that may still have
+    missed that deadline (``stub_health.StallWatch``: ``model.execute`` is wrapped to be
+    counted).
     """
     fix_locale()
-    from tritonforge.triton_models.stub_health import favour_health_thread
+    import os
+
+    from tritonforge.contract import RESTART_FILE_ENV
+    from tritonforge.triton_models.stub_health import StallWatch, favour_health_thread
 
     why_not = favour_health_thread()
     if why_not:
         logging.getLogger("tritonforge.stub").warning("%s", why_not)
+    name = str(args.get("model_instance_name") or args.get("model_name") or "?")
+    watch = StallWatch(name, os.environ.get(RESTART_FILE_ENV) or None).start()
+    model.execute = watch.track(model.execute)
     import atexit
     import contextlib
-    import os
     import sys
 
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
