@@ -12,9 +12,11 @@ in ``&``) are started in the background and waited for (``serve``: its "serving"
 gateway: its port); they serve the commands after them. A new ``serve`` first stops the one
 before it (Ctrl-C, exit code 0 required); the last ones are stopped the same way at the end.
 
-A block preceded by ``<!-- not-run: REASON -->`` is not run: the test item says the reason
-(a GPU, Docker, other machines). The README's second command, ``scripts/test.sh``, is this
-suite itself, which CI runs.
+A block preceded by ``<!-- not-run: REASON -->`` is not run (a GPU, Docker, other machines),
+nor is the README's second command, ``scripts/test.sh`` (this suite itself, which CI runs).
+Each of those is still checked for what can be checked here: bash parses it, the files of
+this checkout it names exist, and every ``--option`` it gives ``tritonforge``, a script of
+this checkout or ``locust`` is one that program's ``--help`` lists.
 
 The default ports (HTTP 8000, gRPC 8001, metrics 8002, gateway 8080) must be free: the test
 fails, and says so, when something else holds them.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -135,6 +138,8 @@ def _split(doc: str, body: list[tuple[int, str]], console: bool, skip: str) -> l
 
 
 COMMANDS = _commands()
+RUN_HERE = [c for c in COMMANDS if not c.skip and c.bare != SELF]
+NOT_RUN_HERE = [c for c in COMMANDS if c.skip or c.bare == SELF]
 
 
 def _env() -> dict[str, str]:
@@ -240,7 +245,7 @@ def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_docs_have_commands() -> None:
-    runnable = [c for c in COMMANDS if not c.skip]
+    runnable = RUN_HERE
     assert len(runnable) >= 10, [c.id for c in COMMANDS]
     assert any("tritonforge serve" in c.text for c in runnable)
     assert any(re.search(r"tritonforge complete", c.text) for c in runnable)
@@ -253,12 +258,8 @@ def test_default_ports_are_free(session: Session) -> None:
                       "stop what listens there (a `tritonforge serve`?) and run again")
 
 
-@pytest.mark.parametrize("cmd", COMMANDS, ids=[c.id for c in COMMANDS])
+@pytest.mark.parametrize("cmd", RUN_HERE, ids=[c.id for c in RUN_HERE])
 def test_documented_command(cmd: Command, session: Session, logdir: Path) -> None:
-    if cmd.skip:
-        pytest.skip(cmd.skip)
-    if cmd.bare == SELF:
-        pytest.skip("the test suite itself (this run): CI runs it as the README's second command")
     if cmd.background:
         if cmd.kind == "serve":
             session.stop("serve")  # one server on the default ports at a time
@@ -276,3 +277,62 @@ def test_documented_command(cmd: Command, session: Session, logdir: Path) -> Non
 def test_background_commands_stop_cleanly(session: Session) -> None:
     assert session.running, "no documented server was left running to stop"
     session.stop()
+
+
+# A path of this checkout named by a command (``benchmarks/x.py``, ``deployments/y.yaml``, ...).
+_CHECKOUT_PATH = re.compile(r"^(?:\.venv/bin/|\./)?((?:benchmarks|deployments|docs|loadtests|scripts|tests|"
+                            r"deploy|model_repository)/[\w./-]+)$")
+
+
+_LOCUST_HELP = f"""
+import subprocess, sys, configargparse
+from tritonforge.loadtests.options import add_arguments
+parser = configargparse.ArgumentParser()
+add_arguments(parser)
+parser.print_help()
+sys.exit(subprocess.run([{str(VENV_BIN / "locust")!r}, "--help"]).returncode)
+"""
+
+
+def _programs(words: list[str]) -> list[tuple[list[str], list[str]]]:
+    """(the ``--help`` command, the options given) for each program of this checkout (or
+    locust) that ``words`` run; options end at a shell operator."""
+    out = []
+    for i, word in enumerate(words):
+        if Path(word).name == "tritonforge":
+            base = [str(VENV_BIN / "tritonforge"), words[i + 1]]
+        elif word.endswith(".py") and _CHECKOUT_PATH.match(word) and Path(words[i - 1]).name.startswith("python"):
+            base = [sys.executable, str(ROOT / _CHECKOUT_PATH.match(word).group(1))]  # type: ignore[union-attr]
+        elif Path(word).name == "locust":
+            # locust's own options, and the ones tritonforge's locustfile registers on its parser
+            # (locust prints its help before it loads a locustfile)
+            base = [sys.executable, "-c", _LOCUST_HELP]
+        else:
+            continue
+        options = []
+        for w in words[i + 1:]:
+            if w in {"|", "&&", "||", ";", "&"}:
+                break
+            if w.startswith("--"):
+                options.append(w.split("=", 1)[0])
+        out.append(([*base, "--help"], options))
+    return out
+
+
+@pytest.mark.parametrize("cmd", NOT_RUN_HERE, ids=[c.id for c in NOT_RUN_HERE])
+def test_command_not_run_here_is_well_formed(cmd: Command) -> None:
+    """What can be checked of a documented command that cannot run here (see the docstring)."""
+    parsed = subprocess.run(["bash", "-n", "-c", cmd.bare], capture_output=True, text=True, check=False)
+    assert parsed.returncode == 0, f"{cmd.id}: bash cannot parse it: {parsed.stderr}"
+    words = shlex.split(cmd.bare.removesuffix("&"))
+    for word in words:
+        m = _CHECKOUT_PATH.match(word.split("=", 1)[-1])
+        if m and not word.startswith(("/", "$")):
+            assert (ROOT / m.group(1)).exists(), f"{cmd.id}: names {m.group(1)}, which is not in the checkout"
+    for help_cmd, options in _programs(words):
+        shown = subprocess.run(help_cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                               timeout=120, check=False)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", shown.stdout + shown.stderr)
+        assert shown.returncode == 0, f"{cmd.id}: {' '.join(help_cmd)} exited {shown.returncode}\n{text[-2000:]}"
+        unknown = [o for o in options if not re.search(re.escape(o) + r"(?![\w-])", text)]
+        assert not unknown, f"{cmd.id}: {help_cmd[1] if len(help_cmd) > 2 else help_cmd[0]} has no {unknown}"
