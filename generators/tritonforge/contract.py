@@ -884,6 +884,8 @@ class Param(str, enum.Enum):
     TARGET_MODEL = "tritonforge_target_model"  # BLS / sync model: the model it calls
     ENGINE_MODEL = "tritonforge_engine_model"  # postprocessing / sync: the engine to stop
     MAX_QUEUE_SIZE = "tritonforge_max_queue_size"  # engine: requests waiting before OVERLOADED
+    STREAM_INTERVAL_MS = "tritonforge_stream_interval_ms"  # engine: coalescing interval under load
+    COALESCE_FROM = "tritonforge_coalesce_from_streams"  # engine: live requests from which it applies
     ENGINE_ENV = "tritonforge_engine_env"  # JSON {VAR: value} set before importing the engine
     ENGINE_DECOUPLED = "tritonforge_engine_decoupled"  # preprocessing: "true" if the engine streams
 

@@ -125,6 +125,14 @@ def _speculative_config(spec: Spec) -> dict[str, Any] | None:
     return cfg
 
 
+def _coalescing(bt: Any) -> dict[str, str]:
+    """The engine model's coalescing parameters (``batching.stream_interval_ms``), when on."""
+    if not bt.stream_interval_ms:
+        return {}
+    return {C.Param.STREAM_INTERVAL_MS.value: str(bt.stream_interval_ms),
+            C.Param.COALESCE_FROM.value: str(bt.coalesce_from_streams)}
+
+
 def engine_args(spec: Spec, *, include_model: bool = False) -> dict[str, Any]:
     """vLLM ``AsyncEngineArgs`` keyword arguments derived from the spec."""
     bt, kv, par = spec.batching, spec.kv_cache, spec.parallelism
@@ -380,6 +388,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
             params={
                 **({C.Param.MAX_QUEUE_SIZE.value: str(bt.max_queue_size)}
                    if bt.max_queue_size is not None else {}),
+                **_coalescing(bt),
                 C.Param.MODEL.value: s.model.path,
                 C.Param.ENGINE_ARGS.value: json_text(engine_args(s)),
                 C.Param.LORA_ADAPTERS.value: json_text(adapters),
@@ -399,6 +408,7 @@ def plan_repository(spec: Spec) -> RepoPlan:
             params={
                 **({C.Param.MAX_QUEUE_SIZE.value: str(bt.max_queue_size)}
                    if bt.max_queue_size is not None else {}),
+                **_coalescing(bt),
                 C.Param.MODEL.value: s.model.path,
                 C.Param.LORA_ADAPTERS.value: json_text(adapters),
                 C.Param.ENGINE_ENV.value: json_text(_llmapi_env(s)),

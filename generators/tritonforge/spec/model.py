@@ -118,6 +118,17 @@ class Batching(_Section):
     """Split long prompts into chunks (vLLM ``enable_chunked_prefill``, TensorRT-LLM
     ``enable_chunked_context``)."""
 
+    stream_interval_ms: int = Field(default=0, ge=0, le=10_000)
+    """tritonforge's engine model (vLLM, TensorRT-LLM LLM API): once
+    ``coalesce_from_streams`` requests are live, a stream's new tokens go out at most every this
+    many milliseconds, several to a response (its first and its last response never wait);
+    0: every token as it is generated. Each response crosses the engine stub, tritonserver and
+    postprocessing, so under load fewer, fuller responses leave more CPU to the engine."""
+
+    coalesce_from_streams: int = Field(default=8, ge=1, le=1_000_000)
+    """Live requests from which ``stream_interval_ms`` applies (below it, every token goes out
+    as generated)."""
+
 
 class KvCache(_Section):
     """The KV cache."""

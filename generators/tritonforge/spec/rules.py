@@ -199,6 +199,13 @@ def check_spec(spec: Spec) -> list[str]:
                  "engine model (vLLM schedules every request at its next step, and the "
                  "ensemble's steps have no batcher so that cancellation reaches them); got "
                  f"{spec.batching.max_queue_delay_microseconds}. Fix: remove it")
+    own_runner = (b == "vllm" and not stock) or (b == "tensorrtllm" and spec.tensorrtllm.runtime == "llmapi")
+    for field in ("stream_interval_ms", "coalesce_from_streams"):
+        if not own_runner and _set(spec.batching, field):
+            p.append(f"batching.{field}: applies to tritonforge's own engine model (backend vllm, "
+                     "or tensorrtllm with runtime llmapi), which streams the engine's tokens; got it "
+                     f"with {'the stock vLLM backend' if stock else 'the TensorRT-LLM C++ backend'}, "
+                     "which streams every token itself. Fix: remove it")
     if b != "tensorrtllm" and "tensorrtllm" in spec.model_fields_set:
         p.append("tensorrtllm: this section applies to backend tensorrtllm only; got it with "
                  "backend vllm. Fix: remove it or set backend: tensorrtllm")

@@ -129,7 +129,9 @@ class TritonPythonModel:
         queue = int(params.get(Param.MAX_QUEUE_SIZE.value) or 0)
         self.runner = EngineRunner(_make_adapter(kind, params, args), metrics=metrics,
                                    max_queue_size=queue or None,
-                                   cpp_outputs=kind is EngineKind.TRTLLM_CPP)
+                                   cpp_outputs=kind is EngineKind.TRTLLM_CPP,
+                                   stream_interval_s=int(params.get(Param.STREAM_INTERVAL_MS.value) or 0) / 1000,
+                                   coalesce_from=int(params.get(Param.COALESCE_FROM.value) or 1))
         self.runner.start()
 
     def _handle(self, request: Any, responder: Any) -> None:

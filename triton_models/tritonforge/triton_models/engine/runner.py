@@ -67,6 +67,11 @@ EARLY_STOP_MAX = 4096
 # An engine whose scheduler has reported nothing for this long has run no step: it holds no
 # request (a busy engine reports after every step, well under a second apart).
 IDLE_AFTER_SECONDS = 5.0
+# Each live request's is_cancelled() (an IPC round trip to tritonserver) is asked every this
+# many gauge polls: every 0.25 s with the default 0.05-s poll.
+CANCEL_CHECK_EVERY = 5
+# Token ids whose completeness as a one-token chunk is remembered (the vocabulary, bounded).
+COMPLETE_IDS_MAX = 1 << 20
 SHUTTING_DOWN = "server is shutting down"
 ENGINE_DIED = "the inference engine has died; the server must be restarted"
 
@@ -198,6 +203,7 @@ class _Sequence:
         self.held_top: list[list[tuple[int, float]]] = []
         self.generated = 0
         self.finish = ""
+        self.last_sent: float | None = None  # when a response of it last went out
 
     def hold(self, new: list[int], lps: list[float], top: list[list[tuple[int, float]]]) -> None:
         """Record the log-probabilities of ``new`` before they go to the stop matcher."""
@@ -237,8 +243,16 @@ class EngineRunner:
         cancel_poll_seconds: float = 0.05,
         max_queue_size: int | None = None,
         cpp_outputs: bool = False,
+        stream_interval_s: float = 0.0,
+        coalesce_from: int = 1,
     ) -> None:
         self.adapter = adapter
+        # Coalescing of streamed deltas: once at least ``coalesce_from`` requests are live, a
+        # sequence's tokens go out at most every ``stream_interval_s`` (its first response and
+        # its last never wait): each response crosses the engine stub, tritonserver and
+        # postprocessing, so under load fewer, fuller responses leave more CPU to the engine.
+        self.stream_interval_s = stream_interval_s
+        self.coalesce_from = max(1, coalesce_from)
         self.max_queue_size = max_queue_size
         # Answer as NVIDIA's C++ backend does (the CPU stand-in for it): every token streamed
         # as generated, a matched stop word returned, end_id left out; the stream's last
@@ -257,6 +271,8 @@ class EngineRunner:
         self._gauges: tuple[float, float, float] | None = None
         self._counts = EngineCounts()
         self._live: dict[int, _Live] = {}
+        self._complete_ids: dict[int, bool] = {}  # token id -> decodes alone without U+FFFD
+        self._polls = 0
         # Stops that named no live request: its request may still be on its way (queued in
         # Triton, or in preprocessing), so it is cancelled on arrival. Bounded in age and count.
         self._early_stops: OrderedDict[str, float] = OrderedDict()
@@ -388,11 +404,26 @@ class EngineRunner:
 
     def _complete_text(self, ids: list[int]) -> bool:
         """True when ``ids`` end on a character boundary: streamed chunks never split a
-        multi-byte character, so even a stateless detokenizer decodes each chunk exactly."""
+        multi-byte character, so even a stateless detokenizer decodes each chunk exactly.
+        (A chunk starts on a boundary, so a one-token chunk's answer is the token's own:
+        remembered per token id, one decode per distinct token instead of one per token.)"""
+        one = ids[0] if len(ids) == 1 else None
+        if one is not None and (known := self._complete_ids.get(one)) is not None:
+            return known
         try:
-            return not self.adapter.decode(ids).endswith("\ufffd")
+            complete = not self.adapter.decode(ids).endswith("\ufffd")
         except Exception:
-            return True
+            complete = True
+        if one is not None and len(self._complete_ids) < COMPLETE_IDS_MAX:
+            self._complete_ids[one] = complete
+        return complete
+
+    def _hold_back(self, seq: _Sequence, now: float) -> bool:
+        """Whether ``seq``'s pending tokens wait for the next delta (coalescing, see
+        ``stream_interval_s``): never its first response."""
+        return (self.stream_interval_s > 0 and seq.last_sent is not None
+                and len(self._live) >= self.coalesce_from
+                and now - seq.last_sent < self.stream_interval_s)
 
     def _update_gauges(self) -> None:
         """Running/waiting/KV gauges: the engine scheduler's own report when the adapter has
@@ -486,6 +517,9 @@ class EngineRunner:
                     self._cancel(live, ErrorKind.NOT_READY, ENGINE_DIED)
             self._update_gauges()
             self._update_counters()
+            self._polls += 1
+            if self._polls % CANCEL_CHECK_EVERY:
+                continue
             for live in list(self._live.values()):
                 if live.cancelled:
                     continue
@@ -576,7 +610,11 @@ class EngineRunner:
                     responder.send(outputs(seq, seq.finish), final=False)  # the others go on
                     streamed = True
                     continue
-                if req.streaming and seq.pending and (self.cpp_outputs or self._complete_text(seq.pending)):
+                if req.streaming and seq.pending:
+                    now = time.monotonic()
+                    if self._hold_back(seq, now) or not (self.cpp_outputs or self._complete_text(seq.pending)):
+                        continue
+                    seq.last_sent = now
                     responder.send(outputs(seq, ""), final=False)
                     streamed = True
             if live.cancelled:
