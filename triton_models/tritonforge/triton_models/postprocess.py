@@ -55,6 +55,7 @@ class _State:
     generated: int = 0
     echo_left: int = 0  # prompt tokens still to come back (exclude_input_in_output false)
     derive: bool = field(default=False)
+    cancel_checked: float = 0.0  # when the model last asked Triton whether it was cancelled
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,21 @@ class Postprocessor:
         seq = int(scalar(inputs.get("engine_sequence_index"), 0) or 0)
         base = f"key:{key}" if key else request_id
         return f"{base}:{seq}" if seq and base else base
+
+    def cancel_check_due(self, inputs: Mapping[str, np.ndarray | None], request_id: str,
+                         every: float) -> bool:
+        """Whether to ask Triton if this request was cancelled (an IPC round trip): for a
+        stream's first request, and then at most every ``every`` seconds per stream -- once a
+        client has left, Triton marks each later request of its stream cancelled, so one of
+        them is seen within ``every`` seconds."""
+        state = self._states.get(self.state_id(inputs, request_id))
+        if state is None:
+            return True
+        now = time.monotonic()
+        if now - state.cancel_checked < every:
+            return False
+        state.cancel_checked = now
+        return True
 
     def forget(self, inputs: Mapping[str, np.ndarray | None], request_id: str = "") -> None:
         """Drop a request's state (it was cancelled: no final response will come)."""

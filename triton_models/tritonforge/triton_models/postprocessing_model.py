@@ -35,6 +35,9 @@ from tritonforge.triton_models.request_facts import FactsStore
 
 # How often the request-facts gauge counts the store's entries (a folder listing).
 FACTS_GAUGE_SECONDS = 1.0
+# A stream's requests are asked whether they were cancelled (an IPC round trip to Triton per
+# ask) at most this often: a client that left is noticed within it.
+CANCEL_CHECK_SECONDS = 0.25
 # Cancelled streams remembered, so each is counted once (later requests of it are cancelled too).
 CANCELLED_REMEMBERED = 4096
 
@@ -65,8 +68,7 @@ class TritonPythonModel:
         # Stops go out on their own threads: execute never waits for the engine.
         self.stops = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tritonforge-stop")
 
-    def _cancelled(self, request: Any) -> Any:
-        inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
+    def _cancelled(self, request: Any, inputs: dict[str, Any]) -> Any:
         key = Postprocessor.request_key(inputs)
         target = engine_request_id(key) if key else request.request_id()
         self.post.forget(inputs, request.request_id())
@@ -94,10 +96,11 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                if request.is_cancelled():
-                    responses.append(self._cancelled(request))
-                    continue
                 inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
+                if (self.post.cancel_check_due(inputs, request.request_id(), CANCEL_CHECK_SECONDS)
+                        and request.is_cancelled()):
+                    responses.append(self._cancelled(request, inputs))
+                    continue
                 error = str(scalar(inputs.get("engine_error"), "") or "")
                 if error:  # the engine failed after streaming: answer its error, last
                     self.post.forget(inputs, request.request_id())
