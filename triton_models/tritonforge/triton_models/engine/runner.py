@@ -518,8 +518,14 @@ class EngineRunner:
         def outputs(seq: _Sequence, reason: str) -> dict[str, np.ndarray]:
             asked = req.return_log_probs
             ids, lps, top = seq.take()
-            return engine_outputs(ids, reason, n_in, lps if asked else None, key,
-                                  top=top if asked and req.top_logprobs else None, sequence=seq.index)
+            out = engine_outputs(ids, reason, n_in, lps if asked else None, key,
+                                 top=top if asked and req.top_logprobs else None, sequence=seq.index)
+            if self.cpp_outputs:  # as the C++ backend: these only when asked for / n > 1
+                for name, sent in (("sequence_index", req.n > 1), ("output_log_probs", asked),
+                                   ("cum_log_probs", asked)):
+                    if not sent:
+                        del out[name]
+            return out
         streamed = False  # whether a response has gone out (then failures are answered in-band)
         try:
             if self._draining or self._dead:
