@@ -38,6 +38,7 @@ __all__ = [
     "LoraWeightsSender",
     "PreprocessSettings",
     "Preprocessor",
+    "chat_template_renders_tools",
     "compile_guide",
     "load_converted_lora",
     "load_tokenizer",
@@ -237,6 +238,23 @@ def lower_guide(guide_type: str, guide: str) -> tuple[str, str]:
         grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False)
         return contract.GuideType.EBNF_GRAMMAR.value, str(grammar)
     return guide_type, guide
+
+
+def chat_template_renders_tools(template: str) -> bool:
+    """Whether a chat template renders the tools a request offers: whether the Jinja
+    template reads the ``tools`` variable (what ``apply_chat_template(..., tools=...)``
+    passes, Hugging Face's convention). A template that never reads it has no tool support:
+    the model is never shown the tools, nor a format to call them in."""
+    import jinja2
+    import jinja2.meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        names = jinja2.meta.find_undeclared_variables(env.parse(template))
+    except jinja2.TemplateSyntaxError:
+        return re.search(r"\btools\b", template) is not None
+    return "tools" in names
 
 
 def _calls_as_content(message: dict[str, Any]) -> dict[str, Any]:
