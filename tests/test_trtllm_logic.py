@@ -185,6 +185,13 @@ def test_a_cancelled_request_frees_every_sequence_at_once(tok, tmp_path: Path) -
     assert post.open_requests == 1
     post.forget({**_seq([], 1), "engine_request_key": np.array([[9]], dtype=np.uint64)}, "n3")
     assert post.open_requests == 0
+    # the engine ended it (stopped by the client's id): its one "cancelled" answer ends all three
+    for seq in range(3):
+        post.process({**_seq(word, seq), "engine_request_key": np.array([[10]], dtype=np.uint64),
+                      "engine_finish_reason": np.array([[b""]], dtype=object)}, "n3")
+    post.process({**_seq([], 0), "engine_request_key": np.array([[10]], dtype=np.uint64),
+                  "engine_finish_reason": np.array([[b"cancelled"]], dtype=object)}, "n3")
+    assert post.open_requests == 0
     # the C++ path (no key): by request id, facts too
     store = FactsStore(tmp_path / "cpp")
     post = _post(tok, store)

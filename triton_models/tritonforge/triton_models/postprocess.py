@@ -280,22 +280,23 @@ class Postprocessor:
         text = state.detok.push(ids)
         if reason:
             text += state.detok.finish()
-            self._end(req, seq)
+            # a cancelled (or failed) request ends every sequence: the engine sends no more
+            self._end(req, seq, whole=reason in (FinishReason.CANCELLED.value, FinishReason.ERROR.value))
             if self.finished is not None:
                 self.finished(reason)
         return PostResult(text, reason, n_input, len(ids), **self._logprobs(inputs, ids, lps),
                           sequence_index=seq)
 
-    def _end(self, req: _Request, seq: int) -> None:
+    def _end(self, req: _Request, seq: int, *, whole: bool = False) -> None:
         """Sequence ``seq`` of ``req`` has answered its last response: its state goes; the
         request's goes (with its facts) once every sequence it asked for has ended -- on the
         C++ path the facts say how many, elsewhere a request without a live sequence holds
-        nothing worth keeping."""
+        nothing worth keeping -- or at once when ``whole`` (the request itself ended)."""
         req.seqs.pop(seq, None)
         req.ended.add(seq)
-        if req.facts is not None and len(req.ended) < req.facts.n:
+        if not whole and req.facts is not None and len(req.ended) < req.facts.n:
             return
-        if req.facts is None and req.seqs:
+        if not whole and req.facts is None and req.seqs:
             return
         if self._requests.get(req.rid) is req:
             del self._requests[req.rid]
