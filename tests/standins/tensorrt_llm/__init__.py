@@ -36,8 +36,8 @@ made without ``guided_decoding_backend`` is refused (the stand-in's choice: a mi
 setting must show, not generate unguided).
 
 Its own record: with ``$TRTLLM_STANDIN_RECORD`` set, every ``LLM()``, ``generate_async`` and
-``abort()`` appends a JSON line there (``{"event": "abort", "request_id": ...}``), the
-"engine side" a test reads to see that a cancellation reached the engine.
+``abort()`` appends a JSON line there (``{"event": "abort", "pid": ..., "request_id": ...}``),
+the "engine side" a test reads to see that a cancellation reached the engine.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _record(event: str, **fields: Any) -> None:
     if not path:
         return
     with _record_lock, open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"event": event, **fields}) + "\n")
+        f.write(json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n")
 
 
 _VLLM_FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
