@@ -93,10 +93,14 @@ def test_engine_capabilities_refuse_rather_than_drop() -> None:
     assert "lora_task_id" not in C.engine_inputs_for(C.EngineKind.VLLM)
     assert "lora_task_id" in C.engine_inputs_for(C.EngineKind.VLLM, ("lora",))
     guide = {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[0-9]+"}
-    C.check_request_values(guide, engine=C.EngineKind.VLLM)
-    with pytest.raises(C.ParameterError, match="guided_decoding_guide_type is not supported"):
-        C.check_request_values(guide, engine=C.EngineKind.TRTLLM_CPP)
-    assert "guided_decoding_guide" not in C.engine_inputs_for(C.EngineKind.TRTLLM_CPP)
+    for engine in C.ENGINE_KINDS:  # guides, several sequences, log-probabilities: every engine
+        C.check_request_values({**guide, "num_return_sequences": 2, "return_log_probs": True}, engine=engine)
+        assert {"guided_decoding_guide", "num_return_sequences", "return_log_probs"} <= set(
+            C.engine_inputs_for(engine))
+    C.check_request_values({"top_logprobs": 2}, engine=C.EngineKind.TRTLLM_LLMAPI)
+    with pytest.raises(C.ParameterError, match="top_logprobs is not supported .*no alternatives"):
+        C.check_request_values({"top_logprobs": 2}, engine=C.EngineKind.TRTLLM_CPP)
+    assert "top_logprobs" not in C.engine_inputs_for(C.EngineKind.TRTLLM_CPP)
 
 
 def test_client_guides_encode_into_the_two_guide_inputs() -> None:

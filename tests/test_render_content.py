@@ -345,7 +345,7 @@ def _assert_script_argv(files: dict[str, bytes], script: str, commands: Any,
 
 def test_build_engine_commands_for_fp8() -> None:
     spec = load_spec(ROOT / "deployments" / "llama3-8b-trtllm-fp8.yaml")
-    convert, build = (argv(c) for c in build_commands(spec))
+    convert, build, tokenizer_info = (argv(c) for c in build_commands(spec))
     assert convert[:2] == ["python3", '"$TRTLLM_EXAMPLES/quantization/quantize.py"']
     pairs = dict(zip(convert[2::2], convert[3::2]))
     assert pairs["--qformat"] == "fp8" and pairs["--kv_cache_dtype"] == "fp8"
@@ -358,6 +358,14 @@ def test_build_engine_commands_for_fp8() -> None:
     assert bpairs["--max_batch_size"] == "128" and bpairs["--max_seq_len"] == "8192"
     assert bpairs["--max_num_tokens"] == "8192"
     assert bpairs["--use_paged_context_fmha"] == "enable"
+    # xgrammar's tokenizer info for guided decoding, by TensorRT-LLM's own script, in the
+    # engine folder, where the backend's xgrammar_tokenizer_info_path points
+    assert tokenizer_info[:2] == ["python3", '"$TRTLLM_EXAMPLES/generate_xgrammar_tokenizer_info.py"']
+    tpairs = dict(zip(tokenizer_info[2::2], tokenizer_info[3::2]))
+    assert tpairs == {"--model_dir": pairs["--model_dir"], "--output_dir": bpairs["--output_dir"]}
+    eng = params(parse(render_files(spec), C.MODEL_TENSORRT_LLM))
+    assert eng["xgrammar_tokenizer_info_path"] == "/engines/llama3-8b-fp8/xgrammar_tokenizer_info.json"
+    assert eng["guided_decoding_backend"] == "xgrammar" and eng["tokenizer_dir"] == ""
 
 
 def test_build_engine_commands_for_tp4_int4_awq() -> None:
@@ -373,7 +381,7 @@ def test_build_engine_for_speculative_and_lora() -> None:
     spec = parse_spec(trt(speculative={"method": "medusa", "draft_model": "/heads",
                                        "num_speculative_tokens": 3},
                           lora={"enabled": True, "adapters": {"b": "/b", "a": "/a"}}))
-    convert, build = (argv(c) for c in build_commands(spec))
+    convert, build, _ = (argv(c) for c in build_commands(spec))
     assert convert[1] == '"$TRTLLM_EXAMPLES/medusa/convert_checkpoint.py"'
     assert "--medusa_model_dir" in convert and "/heads" in convert
     i = build.index("--speculative_decoding_mode")

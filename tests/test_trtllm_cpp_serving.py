@@ -2,7 +2,11 @@
 step swapped for tritonforge's CPU engine model answering as the C++ backend does
 (``tritonforge_engine_kind: trtllm_cpp``: every token streamed, stop words returned, end_id
 left out, no finish reason reaching postprocessing -- the ensemble of the C++ path maps only
-``output_ids`` and ``sequence_length``). The repository is what
+the backend's ``output_ids``, ``sequence_length``, ``output_log_probs`` and
+``sequence_index``). That stand-in reads and answers the backend's own tensor names (the
+contract is checked against upstream's template in ``tests/test_trtllm_facts.py``; see
+``EngineRunner`` for the upstream files its behaviour follows) and generates with real vLLM
+on this CPU. The repository is what
 ``deployments/llama3-8b-trtllm-fp8.yaml`` renders, but for the engine step, the tokenizer
 (SmolLM2 here) and preprocessing's instance count (1 on this 2-core machine).
 
@@ -10,6 +14,10 @@ left out, no finish reason reaching postprocessing -- the ensemble of the C++ pa
   a stop word (which is not returned), ``stop`` at end of sequence -- with vLLM's own text;
 - a cancelled stream is answered ``cancelled`` (postprocessing's own count on /metrics) and
   stops the engine;
+- structured outputs, two sequences and log-probabilities (issue 15): a json_schema guide
+  holds for 20 of 20 samples at temperature 1 (the jsonschema validator) where unguided ones
+  mostly fail, n=2 with a seed and greedy log-probabilities equal vLLM offline, top_logprobs
+  is refused naming it, and a cancelled request of three sequences leaves no state;
 - after 1,000 finished requests postprocessing holds no state: 16 request ids each reused
   for one request after another, every request gives vLLM's offline text and its own finish
   reason (a state left by the previous request of its id would hand it that request's stop
@@ -30,7 +38,7 @@ import numpy as np
 import pytest
 from conftest import chat_prompt_ids, wait_engine_gauge
 from tritonforge import contract as C
-from tritonforge.clients import AsyncClient, Client
+from tritonforge.clients import AsyncClient, Client, InvalidRequest, Request
 from tritonforge.triton_models import metrics
 from tritonforge.triton_models.request_facts import FactsStore
 from trtllm_support import (
@@ -230,4 +238,76 @@ def test_no_postprocessing_state_after_a_thousand_requests(cpp: Any, vllm_oracle
     after = {r: metric(cpp.metrics_url, POST_FINISHED, finish_reason=r) for r in ("stop", "length")}
     assert sum(after.values()) - sum(finished.values()) == REQUESTS
     assert after["length"] - finished["length"] == reasons.count("length")
+    _no_state(cpp)
+
+
+# ------------------------------------------------------------------------------------------
+# Structured outputs, several sequences and log-probabilities through the C++ ensemble
+# (issue 15): preprocessing lowers the guide to TensorRT-LLM's own guide types, the engine
+# gets num_return_sequences / return_log_probs / guided_decoding_* by the backend's names and
+# answers sequence_index / output_log_probs as the backend does, postprocessing derives each
+# sequence's end from the request's facts. Oracles: the jsonschema validator, vLLM offline.
+SAMPLES = 20
+SEED = 1234
+
+
+def test_a_json_schema_guide_holds_for_every_sample(cpp: Any) -> None:
+    from test_structured_outputs import PERSON, PERSON_SCHEMA, _judge, _person_valid, _texts
+
+    base = Request(messages=PERSON, temperature=1.0, max_tokens=40, stop=[])
+    guided = _texts(cpp, "grpc", [base.replace(json_schema=PERSON_SCHEMA, seed=i) for i in range(SAMPLES)])
+    free = _texts(cpp, "grpc", [base.replace(seed=i) for i in range(SAMPLES)])
+    _judge("json_schema through the C++ ensemble", guided, free, _person_valid)
+
+
+def test_two_sequences_equal_vllm_offline(cpp: Any, vllm_oracle: Any) -> None:
+    out = vllm_oracle.generate(STORY, n=2, seed=SEED, temperature=1.0, max_tokens=16)
+    want = [(o["text"], o["finish_reason"]) for o in out["outputs"]]
+    assert want[0][0] != want[1][0]  # two different samples
+    with Client(cpp.grpc_url, model=cpp.model) as client, \
+            client.stream(Request(prompt=STORY, n=2, seed=SEED, temperature=1.0, max_tokens=16, stop=[])) as s:
+        chunks = list(s)
+    done = s.completion
+    assert [(c.text, c.finish_reason.value) for c in done.choices] == want
+    for i in range(2):  # each sequence's chunks join into its text
+        assert "".join(c.text for c in chunks if c.sequence == i) == want[i][0]
+    print(f"\n2 sequences through the C++ ensemble, {len(chunks)} chunks: {[c.text for c in done.choices]}")
+    _no_state(cpp)
+
+
+def test_log_probabilities_equal_vllm_offline(cpp: Any, vllm_oracle: Any) -> None:
+    from tritonforge.triton_models.preprocess import load_tokenizer
+
+    tok = load_tokenizer(MODEL_REF)
+    out = vllm_oracle.generate(STORY, temperature=0.0, max_tokens=12, logprobs=1)
+    want = [(tok.decode([t]), entry[str(t)]) for t, entry in zip(out["token_ids"], out["logprobs"])
+            if t != tok.eos_token_id]
+    with Client(cpp.grpc_url, model=cpp.model) as client:
+        with client.stream(Request(prompt=STORY, max_tokens=12, temperature=0.0, logprobs=True, stop=[])) as s:
+            streamed = [lp for c in s for lp in c.logprobs]
+        got = [(t.token, t.logprob) for t in s.completion.logprobs]
+        assert [(t.token, t.logprob) for t in streamed] == got
+        assert len(got) == len(want) > 0
+        worst = max(abs(a - b) for (_, a), (_, b) in zip(got, want))
+        assert [t for t, _ in got] == [t for t, _ in want] and worst < 1e-3, (got, want)
+        print(f"\n{len(got)} tokens, largest difference from vLLM offline {worst:.2e}")
+        with pytest.raises(InvalidRequest, match="no alternatives") as err:  # refused, never dropped
+            client.complete(Request(prompt=STORY, max_tokens=2, logprobs=True, top_logprobs=2))
+        assert err.value.param == "top_logprobs"
+
+
+def test_a_cancelled_request_of_several_sequences_leaves_no_state(cpp: Any) -> None:
+    """Three sequences streaming, every one of them with state in postprocessing; the client
+    leaves: postprocessing frees all three at once (its open-requests gauge and the facts
+    folder read 0), not only the one whose response came next."""
+    seen: set[int] = set()
+    with Client(cpp.grpc_url, model=cpp.model) as client, \
+            client.stream(Request(prompt="Write a long essay about Rome.", n=3, temperature=1.0, seed=SEED,
+                                  max_tokens=400, min_tokens=400, stop=[])) as s:
+        for chunk in s:
+            seen.add(chunk.sequence)
+            if len(seen) == 3:
+                break  # leaving the block cancels the request
+    assert seen == {0, 1, 2}
+    assert wait_engine_gauge(cpp.metrics_url, lambda v: v == 0, 30) == 0
     _no_state(cpp)

@@ -14,10 +14,13 @@ from tritonforge import contract as C
 from tritonforge.render.plan import LLMAPI_MODEL_YAML
 from tritonforge.render.renderer import render_files
 from tritonforge.render.trtllm_params import (
+    TRTLLM_ALWAYS_READ,
     TRTLLM_INPUTS,
     TRTLLM_OUTPUTS,
     TRTLLM_PARAMETERS,
     TRTLLM_PLACEHOLDERS,
+    XGRAMMAR_TOKENIZER_INFO_FILE,
+    XGRAMMAR_TOKENIZER_INFO_SCRIPT,
 )
 from tritonforge.render.validate import validate_files
 from tritonforge.spec import load_spec
@@ -83,9 +86,22 @@ def test_tensorrt_llm_model_agrees_with_the_facts_table(path: Path) -> None:
         assert params["gpt_model_path"] == spec.tensorrtllm.engine_dir
         assert not set(params) & set(TRTLLM_PLACEHOLDERS)
         assert "build_engine.sh" in files
+        # guided decoding on xgrammar, the tokenizer info build_engine.sh writes (the backend
+        # reads these three keys with no default)
+        assert set(TRTLLM_ALWAYS_READ) <= set(params)
+        assert params["guided_decoding_backend"] == "xgrammar"
+        info = params["xgrammar_tokenizer_info_path"]
+        assert info == f"{spec.tensorrtllm.engine_dir}/{XGRAMMAR_TOKENIZER_INFO_FILE}"
+        assert f"{XGRAMMAR_TOKENIZER_INFO_SCRIPT}\" \\\n    --model_dir" in files["build_engine.sh"].decode()
         lora_in = {"lora_weights", "lora_config"}
-        engine_step = next(st for st in _config(files, spec.name).ensemble_scheduling.step
-                           if st.model_name == C.MODEL_TENSORRT_LLM)
+        steps = _config(files, spec.name).ensemble_scheduling.step
+        engine_step = next(st for st in steps if st.model_name == C.MODEL_TENSORRT_LLM)
+        post_step = next(st for st in steps if st.model_name == C.MODEL_POSTPROCESSING)
+        # guides, several sequences and log-probabilities reach the backend, and come back
+        assert {"guided_decoding_guide_type", "guided_decoding_guide", "num_return_sequences",
+                "return_log_probs"} <= set(engine_step.input_map)
+        assert "top_logprobs" not in engine_step.input_map  # the backend has no such input
+        assert {"engine_sequence_index", "engine_output_log_probs"} <= set(post_step.input_map)
         wired = {k: v for k, v in engine_step.input_map.items() if k in lora_in}
         if spec.lora.enabled:  # an adapter's weights, sent by preprocessing (first request only)
             assert wired == {n: f"{C.MODEL_PREPROCESSING}__{C.pre_output(n)}" for n in lora_in}
@@ -97,6 +113,7 @@ def test_tensorrt_llm_model_agrees_with_the_facts_table(path: Path) -> None:
         assert params[C.Param.ENGINE_KIND.value] == C.EngineKind.TRTLLM_LLMAPI.value
         args = yaml.safe_load(files[f"{C.MODEL_TENSORRT_LLM}/{LLMAPI_MODEL_YAML}"])
         assert args["model"] == spec.model.path and args["backend"] == "pytorch"
+        assert args["guided_decoding_backend"] == "xgrammar"  # structured outputs
         assert args["tensor_parallel_size"] == spec.parallelism.tensor_parallel_size
         assert args["kv_cache_config"]["enable_block_reuse"] == spec.kv_cache.prefix_caching
         assert args["enable_chunked_prefill"] == spec.batching.chunked_prefill
@@ -148,6 +165,9 @@ def _edit(files: dict[str, bytes], old: str, new: str) -> dict[str, bytes]:
     ('name: "temperature"\n    data_type: TYPE_FP32\n    dims: [ 1 ]\n    reshape: { shape: [ ] }',
      'name: "temperature"\n    data_type: TYPE_FP32\n    dims: [ 1 ]', "reshape"),
     ('name: "input_lengths"', 'name: "input_length"', "not a tensor"),
+    ('key: "xgrammar_tokenizer_info_path"', 'key: "xgrammar_tokenizer_info_pat"',
+     "xgrammar_tokenizer_info_path is missing"),
+    ('string_value: "xgrammar"', 'string_value: "outlines"', "guided_decoding_backend must be one of"),
 ])
 def test_validate_refuses_what_the_backend_would_not_load(old: str, new: str, said: str) -> None:
     problems = [str(p) for p in validate_files(_edit(_files(), old, new))]

@@ -8,7 +8,11 @@ changed to SmolLM2 on this machine.
   exactly vLLM's own greedy text (the vLLM oracle, offline, in its own process);
 - a client that leaves a stream stops it by request id and the stand-in records the abort
   the adapter made (the engine side); nothing is left running or held afterwards;
-- the LLM() arguments that reached the engine are the spec's (the stand-in's record).
+- the LLM() arguments that reached the engine are the spec's (the stand-in's record);
+- structured outputs, two sequences and log-probabilities (issue 15): a json_schema guide
+  holds for 20 of 20 samples at temperature 1 (the jsonschema validator) where unguided ones
+  mostly fail, and n=2 with a seed and greedy log-probabilities with their top alternatives
+  equal vLLM offline.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pytest
 import yaml
 from conftest import engine_gauge, wait_engine_gauge
 from tritonforge import contract as C
-from tritonforge.clients import Client
+from tritonforge.clients import Client, Request
 from trtllm_support import STANDINS, load_example, metric, smollm2_folder, start, write_repo
 
 PROMPTS = {
@@ -65,7 +69,9 @@ def reference(vllm_oracle: Any) -> dict[str, str]:
 def test_the_engine_is_the_llm_api_with_the_specs_arguments(llmapi: Any) -> None:
     handle, record = llmapi
     llm = [r for r in _records(record) if r["event"] == "llm"]
-    assert len(llm) == 1, "one tensorrt_llm.LLM for the engine model"
+    # one tensorrt_llm.LLM for the engine model (per server: trtllm_support.start starts a
+    # second one when the first is not ready in time)
+    assert llm and len({r["pid"] for r in llm}) == len(llm), "one tensorrt_llm.LLM for the engine model"
     args = yaml.safe_load((handle.repo / C.MODEL_TENSORRT_LLM / "1" / "model.yaml").read_text())
     assert llm[0]["model"] == args["model"] == str(smollm2_folder())
     for key in ("backend", "max_batch_size", "max_seq_len", "enable_chunked_prefill", "kv_cache_config",
@@ -142,3 +148,59 @@ def test_leaving_a_stream_aborts_it_in_the_llm_api(llmapi: Any) -> None:
     while metric(handle.metrics_url, POST_OPEN) != 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert metric(handle.metrics_url, POST_OPEN) == 0
+
+
+# ------------------------------------------------------------------------------------------
+# Structured outputs, several sequences and log-probabilities through the LLM-API ensemble
+# (issue 15): the adapter asks SamplingParams(n=, logprobs=, guided_decoding=
+# GuidedDecodingParams(...)) of an LLM made with guided_decoding_backend (model.yaml).
+# Oracles: the jsonschema validator, vLLM offline.
+SAMPLES = 20
+SEED = 1234
+
+
+def test_a_json_schema_guide_holds_for_every_sample(llmapi: Any) -> None:
+    from test_structured_outputs import PERSON, PERSON_SCHEMA, _judge, _person_valid, _texts
+
+    handle, record = llmapi
+    llm = [r for r in _records(record) if r["event"] == "llm"]
+    assert llm[-1]["guided_decoding_backend"] == "xgrammar"  # model.yaml's, as generated
+    base = Request(messages=PERSON, temperature=1.0, max_tokens=40, stop=[])
+    before = len(_records(record))
+    guided = _texts(handle, "grpc", [base.replace(json_schema=PERSON_SCHEMA, seed=i) for i in range(SAMPLES)])
+    asked = [r for r in _records(record)[before:] if r["event"] == "generate"]
+    assert len(asked) == SAMPLES and all(r["guided"] for r in asked)  # GuidedDecodingParams reached the LLM
+    free = _texts(handle, "grpc", [base.replace(seed=i) for i in range(SAMPLES)])
+    _judge("json_schema through the LLM-API ensemble", guided, free, _person_valid)
+
+
+def test_two_sequences_equal_vllm_offline(llmapi: Any, vllm_oracle: Any) -> None:
+    handle, record = llmapi
+    prompt = PROMPTS["story"][0]
+    out = vllm_oracle.generate(prompt, n=2, seed=SEED, temperature=1.0, max_tokens=16)
+    want = [(o["text"], o["finish_reason"]) for o in out["outputs"]]
+    assert want[0][0] != want[1][0]  # two different samples
+    with Client(handle.grpc_url, model=handle.model) as client, \
+            client.stream(Request(prompt=prompt, n=2, seed=SEED, temperature=1.0, max_tokens=16, stop=[])) as s:
+        chunks = list(s)
+    done = s.completion
+    assert [r for r in _records(record) if r["event"] == "generate"][-1]["n"] == 2
+    assert [(c.text, c.finish_reason.value) for c in done.choices] == want
+    for i in range(2):
+        assert "".join(c.text for c in chunks if c.sequence == i) == want[i][0]
+    print(f"\n2 sequences through the LLM-API ensemble, {len(chunks)} chunks: {[c.text for c in done.choices]}")
+
+
+def test_log_probabilities_equal_vllm_offline(llmapi: Any, vllm_oracle: Any) -> None:
+    from test_logprobs import MAX, PROMPT, TOP, _oracle, _same, _typed
+    from tritonforge.triton_models.preprocess import load_tokenizer
+
+    handle, record = llmapi
+    want = _oracle(vllm_oracle, load_tokenizer("package:smollm2-135m-instruct"), PROMPT)
+    with Client(handle.grpc_url, model=handle.model) as client, \
+            client.stream(Request(prompt=PROMPT, max_tokens=MAX, temperature=0.0, logprobs=True,
+                                  top_logprobs=TOP, stop=[])) as stream:
+        chunks = list(stream)
+    assert [r for r in _records(record) if r["event"] == "generate"][-1]["logprobs"] == TOP
+    assert [lp for c in chunks for lp in c.logprobs] == list(stream.completion.logprobs)
+    _same(_typed(stream.completion.logprobs), want)

@@ -76,6 +76,7 @@ __all__ = [
     "SAMPLING_DEFAULTS",
     "STOP_REQUEST",
     "TRITON_REQUEST_PARAMETERS",
+    "TRTLLM_GUIDE_TYPES",
     "DType",
     "EngineKind",
     "ErrorInfo",
@@ -354,14 +355,9 @@ def _num_text(v: float) -> str:
 
 _I32: Final = 2**31 - 1
 _VLLM_ONLY: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})
-_OWN_ENGINES: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})  # tritonforge's engine model
-_VLLM_ENGINE: Final = frozenset({EngineKind.VLLM})
-_LOGPROBS_UNSUPPORTED: Final = (
-    "tritonforge's postprocessing passes on log-probabilities from its own engine models only "
-    "so far, not yet the C++ backend's output_log_probs")
-_GUIDES_UNSUPPORTED: Final = (
-    "tritonforge passes structured-output guides to its vLLM engine model only so far "
-    "(TensorRT-LLM needs guided_decoding_backend: xgrammar and its tokenizer info)")
+# Engines that return each token's most likely alternatives (vLLM's logprobs=k; the LLM API's
+# SamplingParams.logprobs=k, CompletionOutput.logprobs: {token: Logprob} per position).
+_TOP_LOGPROBS: Final = frozenset({EngineKind.VLLM, EngineKind.TRTLLM_LLMAPI})
 
 REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
     RequestParam("text_input", DType.STRING, "Prompt text (UTF-8). One of text_input / messages.",
@@ -425,27 +421,24 @@ REQUEST_PARAMETERS: Final[tuple[RequestParam, ...]] = (
     RequestParam("num_return_sequences", DType.INT32,
                  "Independent sequences to generate for the prompt (OpenAI n); each response "
                  "carries its sequence_index. Streaming ensemble only.",
-                 default=1, low=1, high=16, client="n", engines=_VLLM_ENGINE,
-                 why_unsupported="tritonforge passes num_return_sequences to its vLLM engine model only so far"),
+                 default=1, low=1, high=16, client="n"),
     RequestParam("return_log_probs", DType.BOOL,
                  "Return the log-probability of each generated token (output_log_probs).",
-                 default=False, client="logprobs", engines=_OWN_ENGINES,
-                 why_unsupported=_LOGPROBS_UNSUPPORTED),
+                 default=False, client="logprobs"),
     RequestParam("top_logprobs", DType.INT32,
                  "With return_log_probs: also this many most likely tokens at each position "
                  "(output_top_log_probs); 0: none.",
-                 default=0, low=0, high=20, client="top_logprobs", engines=_VLLM_ENGINE,
-                 why_unsupported="only the vLLM engine model returns the most likely alternatives"),
+                 default=0, low=0, high=20, client="top_logprobs", engines=_TOP_LOGPROBS,
+                 why_unsupported="the TensorRT-LLM C++ backend returns each generated token's own "
+                                 "log-probability only (output_log_probs), no alternatives"),
     RequestParam("guided_decoding_guide_type", DType.STRING,
                  "Structured output: what guided_decoding_guide is -- json (any JSON object; no "
                  "guide), json_schema, regex, choice or ebnf_grammar; empty: unconstrained.",
-                 kind="text", default="", engines=_VLLM_ENGINE,
-                 why_unsupported=_GUIDES_UNSUPPORTED),
+                 kind="text", default=""),
     RequestParam("guided_decoding_guide", DType.STRING,
                  "The guide: a JSON schema, a regular expression (matched in full), a JSON list "
                  "of strings (choice) or an EBNF grammar with a root rule.",
-                 kind="text", default="", engines=_VLLM_ENGINE,
-                 why_unsupported=_GUIDES_UNSUPPORTED),
+                 kind="text", default=""),
 )
 
 _PARAMS: Final = {p.name: p for p in REQUEST_PARAMETERS}
@@ -460,7 +453,13 @@ def param(name: str) -> RequestParam:
 # Structured outputs: the values of ``guided_decoding_guide_type`` and what each guide is.
 class GuideType(str, enum.Enum):
     """What ``guided_decoding_guide`` holds: TensorRT-LLM's guide types (its engine contract's
-    names), plus ``choice`` (vLLM's; the guide is a JSON list of strings)."""
+    names), plus ``choice`` (vLLM's; the guide is a JSON list of strings).
+
+    The TensorRT-LLM engines know only :data:`TRTLLM_GUIDE_TYPES` (the C++ backend ignores
+    any other value: ``getGuidedDecodingParamsFromTensors`` in its ``utils.cc``), and build
+    JSON with free whitespace; for them preprocessing lowers ``json``, ``json_schema`` and
+    ``choice`` to an equivalent ``ebnf_grammar`` (compact JSON, as the vLLM engine writes it).
+    """
 
     JSON = "json"  # any JSON object; no guide
     JSON_SCHEMA = "json_schema"  # a JSON schema (JSON text)
@@ -488,6 +487,9 @@ GUIDES: Final[tuple[Guide, ...]] = (
     Guide(GuideType.CHOICE, "choice", "guided_choice", "a list of strings: the output is one of them"),
     Guide(GuideType.EBNF_GRAMMAR, "grammar", "guided_grammar", "an EBNF grammar with a root rule"),
 )
+# The guide types TensorRT-LLM's engines accept (GuidedDecodingParams::GuideType: kJSON,
+# kJSON_SCHEMA, kREGEX, kEBNF_GRAMMAR, by the C++ backend's names).
+TRTLLM_GUIDE_TYPES: Final = (GuideType.JSON, GuideType.JSON_SCHEMA, GuideType.REGEX, GuideType.EBNF_GRAMMAR)
 GUIDE_TYPE_INPUT: Final = "guided_decoding_guide_type"
 GUIDE_INPUT: Final = "guided_decoding_guide"
 
@@ -728,6 +730,9 @@ ENGINE_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("sequence_length", DType.INT32, (-1,), False, "Tokens per beam in output_ids."),
     Tensor("cum_log_probs", DType.FP32, (-1,), False),
     Tensor("output_log_probs", DType.FP32, (-1, -1), False),
+    Tensor("sequence_index", DType.INT32, (1,), False,
+           "Which of num_return_sequences this response carries (the C++ backend sends it only "
+           "when num_return_sequences > 1: absent means 0)."),
 )
 
 # tritonforge's engine model adds outputs the C++ backend lacks. Triton ensembles refuse a
@@ -742,8 +747,6 @@ ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("error", DType.STRING, (1,), False,
            "Empty, or on a last response with finish_reason 'error': the tagged error "
            "(format_error) of a request that failed after it had streamed."),
-    Tensor("sequence_index", DType.INT32, (1,), False,
-           "Which of num_return_sequences this response carries (TensorRT-LLM's output name)."),
     Tensor("top_log_probs", DType.STRING, (1,), False,
            "With top_logprobs > 0: JSON, per token of output_ids, its [[token id, "
            "log-probability], ...] most likely first; else empty."),

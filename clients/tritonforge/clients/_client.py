@@ -42,18 +42,30 @@ from tritonforge.clients.exceptions import (
     Forbidden,
     InvalidRequest,
     ModelNotReady,
+    ProtocolError,
     ServerUnavailable,
     StreamConsumed,
     StreamError,
     Timeout,
     TritonForgeError,
 )
-from tritonforge.contract import MODEL_PREPROCESSING
+from tritonforge.contract import MODEL_PREPROCESSING, Param
 from typing_extensions import Self, Unpack
 
 __all__ = ["AsyncClient", "AsyncStream", "Client", "Stream"]
 
 Messages = Sequence[Message | dict[str, str]]
+
+
+def _tokenizer_ref(preprocessing_config: dict[str, Any]) -> str:
+    """The tokenizer reference in a preprocessing model's config (JSON form): its
+    ``tritonforge_tokenizer`` parameter, else its model's."""
+    params = preprocessing_config.get("parameters") or {}
+    for key in (Param.TOKENIZER, Param.MODEL):
+        ref = (params.get(key.value) or {}).get("string_value")
+        if ref:
+            return str(ref)
+    raise ProtocolError(f"the {MODEL_PREPROCESSING} model's config names no tokenizer")
 
 
 class _State(enum.Enum):
@@ -447,6 +459,11 @@ class Client(BaseClient):
         """The names of the LoRA adapters the deployment serves (``Request(lora=...)``)."""
         return _wire.lora_names(self._get_transport().config(MODEL_PREPROCESSING))
 
+    def tokenizer(self) -> str:
+        """The tokenizer (and chat template) the deployment's preprocessing loads: a model
+        reference, a folder or ``package:<name>``."""
+        return _tokenizer_ref(self._get_transport().config(MODEL_PREPROCESSING))
+
     def models(self) -> list[ModelInfo]:
         """The server's model repository index."""
         return self._get_transport().index()
@@ -567,6 +584,11 @@ class AsyncClient(BaseClient):
     async def lora_adapters(self) -> list[str]:
         """The names of the LoRA adapters the deployment serves (``Request(lora=...)``)."""
         return _wire.lora_names(await (await self._get_transport()).config(MODEL_PREPROCESSING))
+
+    async def tokenizer(self) -> str:
+        """The tokenizer (and chat template) the deployment's preprocessing loads: a model
+        reference, a folder or ``package:<name>``."""
+        return _tokenizer_ref(await (await self._get_transport()).config(MODEL_PREPROCESSING))
 
     async def models(self) -> list[ModelInfo]:
         """The server's model repository index."""

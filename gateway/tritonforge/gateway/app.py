@@ -129,6 +129,15 @@ async def _until_disconnect(receive: Receive) -> None:
 
 
 # ======================================================================================
+def _template_renders_tools(ref: str) -> bool:
+    """Whether the chat template of the tokenizer ``ref`` (as preprocessing loads it) renders
+    tools (no template: no)."""
+    from tritonforge.triton_models.preprocess import chat_template_renders_tools, load_tokenizer
+
+    template = getattr(load_tokenizer(ref), "chat_template", None)
+    return isinstance(template, str) and chat_template_renders_tools(template)
+
+
 class _Gateway:
     """State shared by the routes: config, Triton client (made in the loop), metrics."""
 
@@ -138,6 +147,7 @@ class _Gateway:
         self.client: AsyncClient | None = None
         self.created = int(time.time())
         self.adapters: list[str] | None = None
+        self.auto_tools: oai.ApiError | None = None  # the refusal of tool_choice "auto", once known
 
     def start(self) -> None:
         c = self.config
@@ -166,6 +176,21 @@ class _Gateway:
             except TritonForgeError:
                 return []  # asked again next time
         return self.adapters
+
+    async def auto_tools_refusal(self) -> oai.ApiError:
+        """Why ``tool_choice: "auto"`` is refused for the served model: read once from its
+        chat template (the tokenizer preprocessing loads, loaded here too)."""
+        if self.auto_tools is not None:
+            return self.auto_tools
+        assert self.client is not None
+        model = await self.model_name()
+        try:
+            ref = await self.client.tokenizer()
+            renders = await asyncio.to_thread(_template_renders_tools, ref)
+        except Exception as exc:  # noqa: BLE001 - any failure to read it is said, not hidden
+            return oai.auto_tool_choice_refused(None, model, f"its chat template could not be read: {exc}")
+        self.auto_tools = oai.auto_tool_choice_refused(renders, model)
+        return self.auto_tools
 
     async def adapter_for(self, model: str) -> tuple[str, str | None]:
         """(the served ensemble, the LoRA adapter) a request's ``model`` names: the ensemble
@@ -399,6 +424,8 @@ def create_app(config: GatewayConfig | None = None) -> Starlette:
         kind = oai.ChatCompletionRequest if endpoint == CHAT else oai.CompletionRequest
         body = oai.parse(kind, await _body(request))
         _, adapter = await gw.adapter_for(body.model)
+        if isinstance(body, oai.ChatCompletionRequest) and body.wants_auto_tools():
+            raise await gw.auto_tools_refusal()
         prefix = "chatcmpl" if endpoint == CHAT else "cmpl"
         req = body.to_request().replace(request_id=oai.new_id(prefix), stream=bool(body.stream), lora=adapter)
         guide = body.guide()

@@ -33,6 +33,7 @@ __all__ = [
     "StreamOptions",
     "ToolCalling",
     "ToolDef",
+    "auto_tool_choice_refused",
     "chat_choice",
     "chat_chunk",
     "chat_response",
@@ -317,6 +318,28 @@ class ToolCalling:
                 for n, a in pairs]
 
 
+_AUTO_INSTEAD: Final = ('send tool_choice "required" or {"type": "function", "function": {"name": ...}} '
+                        '(enforced with structured outputs), or "none"')
+
+
+def auto_tool_choice_refused(renders_tools: bool | None, model: str = "the served model",
+                             why: str = "") -> ApiError:
+    """The 400 for ``tool_choice: "auto"``: the model would have to write tool calls in its
+    chat template's own format, for a parser to find. ``renders_tools`` is whether that
+    template renders the tools at all (``None``: not known; ``why`` says why not)."""
+    if renders_tools is False:
+        what = (f"{model}'s chat template has no tool support (it never renders the tools it is "
+                "given), so the model has no tool-call format to parse")
+    elif renders_tools:
+        what = (f"{model}'s chat template renders tools, but this gateway has no parser for its "
+                "tool-call format")
+    else:
+        what = "this gateway cannot tell whether the model's chat template supports tools" + (
+            f" ({why})" if why else "")
+    return ApiError(400, f'tool_choice "auto" (the default with tools) needs a chat template with '
+                    f"tool support: {what}. Instead, {_AUTO_INSTEAD}", param="tool_choice")
+
+
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
@@ -327,6 +350,11 @@ class ChatCompletionRequest(_Sampling):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+    def wants_auto_tools(self) -> bool:
+        """Whether the model is to decide by itself whether to call a tool (``tool_choice``
+        ``"auto"``, the default with tools)."""
+        return bool(self.tools) and self.tool_choice in (None, "auto")
 
     def tool_calling(self) -> ToolCalling | None:
         """How this request calls tools (``None``: it answers text); refused with a 400
@@ -341,12 +369,8 @@ class ChatCompletionRequest(_Sampling):
             raise ApiError(400, "tools: function names must be unique", param="tools")
         if choice == "none":
             return None
-        if choice is None or choice == "auto":
-            raise ApiError(
-                400, 'tool_choice "auto" (the default with tools) needs a tool-call parser for the '
-                "model's chat template, which this gateway does not have: send tool_choice "
-                '"required" or {"type": "function", "function": {"name": ...}} (enforced with '
-                'structured outputs), or "none"', param="tool_choice")
+        if self.wants_auto_tools():
+            raise auto_tool_choice_refused(None)
         if self.n is not None and self.n != 1:
             raise ApiError(400, "n must be 1 with tools", param="n")
         if self.guide() is not None:

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from tritonforge.contract import MODEL_TENSORRT_LLM
+from tritonforge.render.trtllm_params import (
+    XGRAMMAR_TOKENIZER_INFO_FILE,
+    XGRAMMAR_TOKENIZER_INFO_SCRIPT,
+)
 from tritonforge.spec.model import Spec
 
 __all__ = [
@@ -28,6 +32,7 @@ __all__ = [
     "launch_commands",
     "slurm_launch_commands",
     "summary",
+    "tokenizer_info_path",
     "world_size",
 ]
 
@@ -90,8 +95,17 @@ def checkpoint_dir(spec: Spec) -> str:
     return t.engine_dir.rstrip("/") + "-checkpoint"
 
 
+def tokenizer_info_path(spec: Spec) -> str:
+    """Where ``build_engine.sh`` writes xgrammar's tokenizer info (in the engine folder), the
+    file the backend's ``xgrammar_tokenizer_info_path`` names."""
+    assert spec.tensorrtllm.engine_dir is not None
+    return spec.tensorrtllm.engine_dir.rstrip("/") + "/" + XGRAMMAR_TOKENIZER_INFO_FILE
+
+
 def build_commands(spec: Spec) -> list[Command]:
-    """Checkpoint conversion/quantization, then ``trtllm-build``."""
+    """Checkpoint conversion/quantization, then ``trtllm-build``, then the tokenizer info the
+    backend's guided decoding (xgrammar) reads, written by TensorRT-LLM's own script into the
+    engine folder (:func:`tokenizer_info_path`)."""
     t, p, kv, bt = spec.tensorrtllm, spec.parallelism, spec.kv_cache, spec.batching
     assert t.engine_dir is not None
     ckpt = checkpoint_dir(spec)
@@ -141,7 +155,12 @@ def build_commands(spec: Spec) -> list[Command]:
     if sp.method != "none":
         build.append(_opt("--speculative_decoding_mode", _SPEC_MODE[sp.method]))
         build.append(_opt("--max_draft_len", sp.num_speculative_tokens))
-    return [convert, build]
+    tokenizer_info: Command = [
+        _raw("python3", f'"$TRTLLM_EXAMPLES/{XGRAMMAR_TOKENIZER_INFO_SCRIPT}"'),
+        _opt("--model_dir", spec.model.tokenizer or spec.model.path),
+        _opt("--output_dir", t.engine_dir),
+    ]
+    return [convert, build, tokenizer_info]
 
 
 def _server_lines(spec: Spec, rank: int) -> Command:

@@ -12,8 +12,9 @@ from typing import Any, Literal
 import yaml
 
 from tritonforge import contract as C
+from tritonforge.render.commands import tokenizer_info_path
 from tritonforge.render.escape import json_text
-from tritonforge.render.trtllm_params import TRTLLM_INPUTS, TRTLLM_OUTPUTS
+from tritonforge.render.trtllm_params import GUIDED_DECODING_BACKENDS, TRTLLM_INPUTS, TRTLLM_OUTPUTS
 from tritonforge.spec.model import Spec
 
 __all__ = [
@@ -209,6 +210,11 @@ def _trtllm_parameters(spec: Spec) -> list[tuple[str, str]]:
         "enable_kv_cache_reuse": _b(kv.prefix_caching),
         "exclude_input_in_output": _b(spec.defaults.exclude_input_in_output),
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+        # Guided decoding (structured outputs) on xgrammar, with the tokenizer info
+        # build_engine.sh writes; tokenizer_dir is read too, but only the Python backend uses it.
+        "guided_decoding_backend": GUIDED_DECODING_BACKENDS[0],
+        "xgrammar_tokenizer_info_path": tokenizer_info_path(spec),
+        "tokenizer_dir": "",
     }
     if kv.max_tokens is not None:
         params["max_tokens_in_paged_kv_cache"] = str(kv.max_tokens)
@@ -264,6 +270,8 @@ def llm_args(spec: Spec) -> dict[str, Any]:
         "max_seq_len": spec.model.max_model_len,
         "enable_chunked_prefill": bt.chunked_prefill,
         "kv_cache_config": kv_cfg,
+        # structured outputs (SamplingParams.guided_decoding) need the LLM's grammar backend
+        "guided_decoding_backend": GUIDED_DECODING_BACKENDS[0],
     }
     if spec.model.tokenizer is not None:
         args["tokenizer"] = spec.model.tokenizer

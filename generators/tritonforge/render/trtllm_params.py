@@ -16,6 +16,20 @@ ended up as a parameter key, which the backend never reads (its key is ``gpt_mod
   template placeholder (``${logits_datatype}`` and the like): set per deployment.
 * :data:`TRTLLM_PLACEHOLDERS` -- the template's placeholder names that people mistake for
   keys, with the key each one fills.
+* :data:`TRTLLM_ALWAYS_READ` -- the keys the backend reads without a default: a config
+  without them does not load. Source: ``triton_backend/inflight_batcher_llm/src/
+  model_instance_state.cc`` (``getGuidedDecodingConfigFromParams`` reads ``tokenizer_dir``,
+  ``xgrammar_tokenizer_info_path`` and ``guided_decoding_backend`` outside any ``try``) and
+  ``model_state.cc`` (``GetParameter<std::string>`` throws "Cannot find parameter with
+  name" for a missing key), same commit. An empty value (or the template's ``${...}``) turns
+  guided decoding off; ``guided_decoding_backend`` must otherwise be ``xgrammar``, and the
+  tokenizer-info file must exist (``TLLM_CHECK_WITH_INFO``), a JSON object with
+  ``encoded_vocab``, ``tokenizer_str`` and ``stop_token_ids``.
+* :data:`XGRAMMAR_TOKENIZER_INFO_SCRIPT` / :data:`XGRAMMAR_TOKENIZER_INFO_FILE` -- how
+  TensorRT-LLM itself writes that file: ``examples/generate_xgrammar_tokenizer_info.py
+  --model_dir HF_FOLDER --output_dir DIR`` writes ``DIR/xgrammar_tokenizer_info.json``
+  (NVIDIA/TensorRT-LLM ``examples/generate_xgrammar_tokenizer_info.py``, and the backend's
+  ``docs/guided_decoding.md``, "C++ Backend").
 
 tritonforge's engine contract (``tritonforge.contract.ENGINE_INPUTS``/``ENGINE_OUTPUTS``)
 uses these names; ``tests/test_trtllm_facts.py`` checks that every contract tensor the C++
@@ -30,11 +44,15 @@ from typing import Final
 __all__ = [
     "BATCHING_STRATEGIES",
     "DECODING_MODES",
+    "GUIDED_DECODING_BACKENDS",
+    "TRTLLM_ALWAYS_READ",
     "TRTLLM_INPUTS",
     "TRTLLM_OUTPUTS",
     "TRTLLM_PARAMETERS",
     "TRTLLM_PLACEHOLDERS",
     "TRTLLM_SOURCE",
+    "XGRAMMAR_TOKENIZER_INFO_FILE",
+    "XGRAMMAR_TOKENIZER_INFO_SCRIPT",
     "TensorFact",
 ]
 
@@ -220,3 +238,13 @@ BATCHING_STRATEGIES: Final = ("inflight_fused_batching", "inflight_batching", "V
 DECODING_MODES: Final = (
     "top_k", "top_p", "top_k_top_p", "beam_search", "medusa", "redrafter", "lookahead", "eagle",
 )
+
+# Keys the backend reads with no default (see the module docstring): the model does not load
+# without them.
+TRTLLM_ALWAYS_READ: Final = ("tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path")
+# guided_decoding_backend values the C++ backend accepts (any other non-empty one throws).
+GUIDED_DECODING_BACKENDS: Final = ("xgrammar",)
+# TensorRT-LLM's own writer of the tokenizer-info file, under its examples folder, and the
+# name it gives the file inside --output_dir.
+XGRAMMAR_TOKENIZER_INFO_SCRIPT: Final = "generate_xgrammar_tokenizer_info.py"
+XGRAMMAR_TOKENIZER_INFO_FILE: Final = "xgrammar_tokenizer_info.json"

@@ -34,6 +34,8 @@ from tritonforge.render.escape import MARKER_RE
 from tritonforge.render.trtllm_params import (
     BATCHING_STRATEGIES,
     DECODING_MODES,
+    GUIDED_DECODING_BACKENDS,
+    TRTLLM_ALWAYS_READ,
     TRTLLM_INPUTS,
     TRTLLM_OUTPUTS,
     TRTLLM_PARAMETERS,
@@ -259,6 +261,15 @@ class _Checker:
             if key in params and params[key] not in BATCHING_STRATEGIES:
                 self.add(path, name, f"parameter {key} must be one of "
                          f"{', '.join(BATCHING_STRATEGIES)}; got {params[key]!r}")
+        for key in TRTLLM_ALWAYS_READ:
+            if key not in params:
+                self.add(path, name, f"parameter {key} is missing: the backend reads it with no "
+                         "default and does not load without it (an empty value turns guided "
+                         "decoding off). Fix: regenerate")
+        backend = params.get("guided_decoding_backend", "")
+        if backend and not backend.startswith("${") and backend not in GUIDED_DECODING_BACKENDS:
+            self.add(path, name, f"parameter guided_decoding_backend must be one of "
+                     f"{', '.join(GUIDED_DECODING_BACKENDS)} or empty; got {backend!r}")
         if "decoding_mode" in params and params["decoding_mode"] not in DECODING_MODES:
             self.add(path, name, f"parameter decoding_mode must be one of "
                      f"{', '.join(DECODING_MODES)}; got {params['decoding_mode']!r}")

@@ -66,6 +66,9 @@ TRTLLM_DERIVED_PARAMETERS: Final[dict[str, str]] = {
     "decoding_mode": "speculative.method",
     "exclude_input_in_output": "defaults.exclude_input_in_output",
     "FORCE_CPU_ONLY_INPUT_TENSORS": "(always 'no')",
+    "guided_decoding_backend": "(always 'xgrammar': structured outputs)",
+    "xgrammar_tokenizer_info_path": "tensorrtllm.engine_dir (build_engine.sh writes the file there)",
+    "tokenizer_dir": "(always empty: the C++ backend reads it but does not use it)",
 }
 # LLM() arguments the spec sets from its own fields (runtime llmapi): the field to use instead.
 LLMAPI_DERIVED_ARGS: Final[dict[str, str]] = {
@@ -83,6 +86,7 @@ LLMAPI_DERIVED_ARGS: Final[dict[str, str]] = {
     "speculative_config": "speculative",
     "enable_lora": "lora.enabled",
     "lora_config": "lora",
+    "guided_decoding_backend": "(always 'xgrammar': structured outputs)",
 }
 VLLM_DERIVED_ENGINE_ARGS: Final[dict[str, str]] = {
     "model": "model.path",

@@ -24,3 +24,7 @@ trtllm-build \
     --max_beam_width 1 \
     --speculative_decoding_mode eagle \
     --max_draft_len 4
+
+python3 "$TRTLLM_EXAMPLES/generate_xgrammar_tokenizer_info.py" \
+    --model_dir /models/Meta-Llama-3-8B-Instruct \
+    --output_dir /engines/llama3-8b-eagle

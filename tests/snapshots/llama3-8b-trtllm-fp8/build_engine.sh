@@ -25,3 +25,7 @@ trtllm-build \
     --max_beam_width 1 \
     --max_num_tokens 8192 \
     --use_paged_context_fmha enable
+
+python3 "$TRTLLM_EXAMPLES/generate_xgrammar_tokenizer_info.py" \
+    --model_dir /models/Meta-Llama-3-8B-Instruct \
+    --output_dir /engines/llama3-8b-fp8

@@ -25,3 +25,7 @@ trtllm-build \
     --lora_plugin auto \
     --max_lora_rank 16 \
     --lora_dir /adapters/llama3-8b-sql-trtllm /adapters/llama3-8b-support-trtllm
+
+python3 "$TRTLLM_EXAMPLES/generate_xgrammar_tokenizer_info.py" \
+    --model_dir /models/Meta-Llama-3-8B-Instruct \
+    --output_dir /engines/llama3-8b-lora

@@ -24,3 +24,7 @@ trtllm-build \
     --max_beam_width 1 \
     --max_num_tokens 16384 \
     --use_paged_context_fmha enable
+
+python3 "$TRTLLM_EXAMPLES/generate_xgrammar_tokenizer_info.py" \
+    --model_dir /models/Qwen2.5-72B-Instruct \
+    --output_dir /engines/qwen2.5-72b-int4-awq-tp4

@@ -77,9 +77,9 @@ class TritonPythonModel:
         eos = getattr(tokenizer, "eos_token_id", None)
         self.post = Postprocessor(make_decoder(tokenizer, skip), None if eos is None else int(eos))
         self._post_lock = threading.Lock()
-        self.engine_outputs = ["output_ids", "sequence_length"]
+        self.engine_outputs = ["output_ids", "sequence_length", "output_log_probs"]
         if kind is not EngineKind.TRTLLM_CPP:  # tritonforge's engine model adds these
-            self.engine_outputs += [t.name for t in ENGINE_EXTRA_OUTPUTS] + ["output_log_probs"]
+            self.engine_outputs += [t.name for t in ENGINE_EXTRA_OUTPUTS] + ["sequence_index"]
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="tritonforge-bls")
         self._live: dict[int, _Live] = {}

@@ -9,7 +9,17 @@ request id, as with the TensorRT-LLM backend. Non-decoupled (streaming off in th
 Which engine adapter runs is the ``tritonforge_engine_kind`` parameter (vLLM by default):
 ``trtllm_llmapi`` runs TensorRT-LLM's LLM API (``engine.trtllm_llmapi``; its ``LLM()``
 arguments in ``1/model.yaml``); ``trtllm_cpp`` runs vLLM answering as NVIDIA's C++ backend
-does (see ``EngineRunner.cpp_outputs``) -- the CPU stand-in for that backend in tests.
+does (see ``EngineRunner.cpp_outputs``) -- the CPU stand-in for that backend in tests. It
+is not TensorRT-LLM: it reads and answers the C++ backend's own tensor names, the ones
+``tritonforge.render.trtllm_params`` records from upstream's template (NVIDIA/TensorRT-LLM
+``triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt``), and follows
+the backend's C++ (``triton_backend/inflight_batcher_llm/src/``): ``utils.cc`` for what a
+request's tensors mean (``num_return_sequences``, ``return_log_probs``,
+``guided_decoding_guide_type`` in json / json_schema / regex / ebnf_grammar,
+``guided_decoding_guide``), ``model_instance_state.cc`` for what it answers
+(``output_ids``/``sequence_length`` per response, ``output_log_probs`` [1, beams, tokens]
+only when asked for, ``sequence_index`` only when num_return_sequences > 1, the final flag
+once every sequence has ended). The tokens are real vLLM's, on this CPU.
 """
 
 from __future__ import annotations

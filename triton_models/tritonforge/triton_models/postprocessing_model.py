@@ -83,7 +83,8 @@ class TritonPythonModel:
         self._cancelled_ids.move_to_end(sid)
         while len(self._cancelled_ids) > CANCELLED_REMEMBERED:
             self._cancelled_ids.popitem(last=False)
-        return triton_io.make_response(PostResult("", FinishReason.CANCELLED.value, -1, 0).arrays())
+        return triton_io.make_response(PostResult("", FinishReason.CANCELLED.value, -1, 0,
+                                                  sequence_index=Postprocessor.sequence_index(inputs)).arrays())
 
     def _update_gauges(self) -> None:
         self.metrics.set_open_requests(self.post.open_requests)

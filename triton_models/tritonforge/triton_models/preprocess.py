@@ -38,9 +38,11 @@ __all__ = [
     "LoraWeightsSender",
     "PreprocessSettings",
     "Preprocessor",
+    "chat_template_renders_tools",
     "compile_guide",
     "load_converted_lora",
     "load_tokenizer",
+    "lower_guide",
     "to_word_list",
 ]
 
@@ -58,6 +60,7 @@ class PreprocessSettings:
     lora_adapters: dict[str, int] = field(default_factory=dict)  # name -> task id
     engine: EngineKind = EngineKind.VLLM
     lora_paths: dict[int, str] = field(default_factory=dict)  # task id -> adapter folder
+    engine_decoupled: bool = True  # whether the engine streams (several responses a request)
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> PreprocessSettings:
@@ -75,6 +78,7 @@ class PreprocessSettings:
             lora_adapters={k: int(v["id"]) for k, v in adapters.items()},
             engine=EngineKind(params.get(Param.ENGINE_KIND.value) or EngineKind.VLLM.value),
             lora_paths={int(v["id"]): str(v["path"]) for v in adapters.values()},
+            engine_decoupled=(params.get(Param.ENGINE_DECOUPLED.value) or "true").lower() == "true",
         )
 
 
@@ -212,6 +216,47 @@ def compile_guide(guide_type: str, guide: str) -> None:
                            param=contract.GUIDE_INPUT) from None
 
 
+def lower_guide(guide_type: str, guide: str) -> tuple[str, str]:
+    """A checked guide as the TensorRT-LLM engines take it (``contract.TRTLLM_GUIDE_TYPES``):
+    ``json`` (any JSON object), ``json_schema`` and ``choice`` become an ``ebnf_grammar``
+    that xgrammar prints for them -- JSON written compact, as the vLLM engine writes it
+    (TensorRT-LLM's own JSON grammars allow free whitespace, which a small model sampling at
+    temperature 1 can spend its whole max_tokens on) -- and a choice list, which TensorRT-LLM
+    has no guide type for, becomes one alternative per string. ``regex``, ``ebnf_grammar`` and
+    no guide pass unchanged. xgrammar's printed grammar is read back by the same xgrammar
+    release (0.2's is not readable by 0.1's): preprocessing must run with the engine's
+    xgrammar, as it does in the NGC TensorRT-LLM image."""
+    kind = contract.GuideType(guide_type) if guide_type else None
+    if kind is contract.GuideType.CHOICE:
+        choices = json.loads(guide)
+        return contract.GuideType.EBNF_GRAMMAR.value, "root ::= " + " | ".join(
+            json.dumps(c, ensure_ascii=False) for c in choices)
+    if kind in (contract.GuideType.JSON, contract.GuideType.JSON_SCHEMA):
+        import xgrammar
+
+        schema = guide if kind is contract.GuideType.JSON_SCHEMA else '{"type": "object"}'
+        grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=False)
+        return contract.GuideType.EBNF_GRAMMAR.value, str(grammar)
+    return guide_type, guide
+
+
+def chat_template_renders_tools(template: str) -> bool:
+    """Whether a chat template renders the tools a request offers: whether the Jinja
+    template reads the ``tools`` variable (what ``apply_chat_template(..., tools=...)``
+    passes, Hugging Face's convention). A template that never reads it has no tool support:
+    the model is never shown the tools, nor a format to call them in."""
+    import jinja2
+    import jinja2.meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        names = jinja2.meta.find_undeclared_variables(env.parse(template))
+    except jinja2.TemplateSyntaxError:
+        return re.search(r"\btools\b", template) is not None
+    return "tools" in names
+
+
 def _calls_as_content(message: dict[str, Any]) -> dict[str, Any]:
     """For a chat template that does not render an assistant's ``tool_calls`` (it would drop
     them): the message with its calls written into its content, as JSON."""
@@ -292,6 +337,13 @@ class Preprocessor:
                 raise RequestError(f"{name} must be a token id in [0, {self.vocab}); got {values[name]}",
                                    param=name)
         filled = self._fill(values, len(ids))
+        if s.engine is not EngineKind.VLLM:  # TensorRT-LLM's guide types only
+            gt, g = contract.GUIDE_TYPE_INPUT, contract.GUIDE_INPUT
+            filled[gt], filled[g] = lower_guide(filled[gt], filled[g])
+        if filled["num_return_sequences"] > 1 and not s.engine_decoupled:
+            raise RequestError("num_return_sequences must be 1: this deployment's engine does not "
+                               "stream (spec streaming: false), so it answers one sequence",
+                               param="num_return_sequences")
 
         out: dict[str, np.ndarray] = {
             pre_output("input_ids"): np.array([ids], dtype=np.int32),

@@ -6,9 +6,9 @@ last one. Nor can postprocessing read preprocessing's tensors: Triton refuses an
 step fed both by a decoupled model and by tensors from before it (server issue 7275). So
 preprocessing, which fills every engine input, writes the few facts postprocessing needs to
 end a stream right -- max_tokens, end_id, the stop words' ids, the prompt length, whether it
-streams -- into a small store shared by the models of one repository (one file per request
-id, in ``/dev/shm`` where there is one), and postprocessing reads them on the request's first
-response and deletes them on its last. Requests without a request id cannot be followed this
+streams, how many sequences it asks for -- into a small store shared by the models of one
+repository (one file per request id, in ``/dev/shm`` where there is one), and postprocessing
+reads them on the request's first response and deletes them when its last sequence ends. Requests without a request id cannot be followed this
 way (ensembles pass the client's id to every step; tritonforge's clients always send one).
 
 Entries a final response never deletes (a request cancelled before its first response, a
@@ -46,6 +46,7 @@ class RequestFacts:
     n_input: int
     streaming: bool
     exclude_input: bool = True
+    n: int = 1  # num_return_sequences: the request ends when all of them have
 
     @classmethod
     def from_preprocessed(cls, outputs: Mapping[str, np.ndarray], *, streaming: bool) -> RequestFacts:
@@ -65,19 +66,21 @@ class RequestFacts:
             n_input=int(one("input_lengths", 0) or 0),
             streaming=streaming,
             exclude_input=bool(one("exclude_input_in_output", True)),
+            n=int(one("num_return_sequences", 1) or 1),
         )
 
     def to_json(self) -> str:
         return json.dumps({"max_tokens": self.max_tokens, "end_id": self.end_id,
                            "stop_words": [list(w) for w in self.stop_words], "n_input": self.n_input,
-                           "streaming": self.streaming, "exclude_input": self.exclude_input})
+                           "streaming": self.streaming, "exclude_input": self.exclude_input,
+                           "n": self.n})
 
     @classmethod
     def from_json(cls, text: str) -> RequestFacts:
         d = json.loads(text)
         return cls(int(d["max_tokens"]), None if d["end_id"] is None else int(d["end_id"]),
                    tuple(tuple(int(i) for i in w) for w in d["stop_words"]), int(d["n_input"]),
-                   bool(d["streaming"]), bool(d.get("exclude_input", True)))
+                   bool(d["streaming"]), bool(d.get("exclude_input", True)), int(d.get("n", 1)))
 
 
 class FactsStore:

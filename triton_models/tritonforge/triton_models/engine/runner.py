@@ -502,6 +502,22 @@ class EngineRunner:
             responder.send(engine_outputs([], FinishReason.ERROR.value, n_in, key=key,
                                           error=format_error(kind, message, param)), final=True)
 
+    def _cpp_cancelled(self, responder: Responder, req: EngineRequest, seqs: dict[int, _Sequence],
+                       streamed: bool) -> bool:
+        """As the C++ backend ends a cancelled request of several sequences that has streamed:
+        every sequence still running gets its last (empty) response, with its
+        sequence_index, the request's last one flagged final (the executor's result of each
+        sequence, ``isFinal`` once all are). Whether it answered (else ``_fail`` does)."""
+        if not (self.cpp_outputs and streamed and req.n > 1):
+            return False
+        running = [i for i in range(req.n) if i not in seqs or not seqs[i].finish]
+        for j, i in enumerate(running):
+            out = engine_outputs([], "", 0, sequence=i)
+            for name in ("output_log_probs", "cum_log_probs"):
+                out.pop(name)
+            responder.send(out, final=j == len(running) - 1)
+        return bool(running)
+
     async def _watch_cancellations(self) -> None:
         while True:
             await asyncio.sleep(self.cancel_poll_seconds)
@@ -552,8 +568,14 @@ class EngineRunner:
         def outputs(seq: _Sequence, reason: str) -> dict[str, np.ndarray]:
             asked = req.return_log_probs
             ids, lps, top = seq.take()
-            return engine_outputs(ids, reason, n_in, lps if asked else None, key,
-                                  top=top if asked and req.top_logprobs else None, sequence=seq.index)
+            out = engine_outputs(ids, reason, n_in, lps if asked else None, key,
+                                 top=top if asked and req.top_logprobs else None, sequence=seq.index)
+            if self.cpp_outputs:  # as the C++ backend: these only when asked for / n > 1
+                for name, sent in (("sequence_index", req.n > 1), ("output_log_probs", asked),
+                                   ("cum_log_probs", asked)):
+                    if not sent:
+                        del out[name]
+            return out
         streamed = False  # whether a response has gone out (then failures are answered in-band)
         try:
             if self._draining or self._dead:
@@ -620,7 +642,8 @@ class EngineRunner:
             if live.cancelled:
                 await self._abort(engine_id)
                 finish = FinishReason.CANCELLED.value
-                self._fail(responder, live.cancel_kind, live.cancel_message, streamed=streamed, key=key, n_in=n_in)
+                if not self._cpp_cancelled(responder, req, seqs, streamed):
+                    self._fail(responder, live.cancel_kind, live.cancel_message, streamed=streamed, key=key, n_in=n_in)
             else:
                 # The last response: the sequence that finished last, or those the engine's
                 # stream ended without a reason (it gets theirs from their length).
@@ -639,7 +662,9 @@ class EngineRunner:
             await self._abort(engine_id)
             finish = FinishReason.CANCELLED.value
             with contextlib.suppress(Exception):
-                self._fail(responder, live.cancel_kind, live.cancel_message, streamed=streamed, key=key, n_in=n_in)
+                if not self._cpp_cancelled(responder, req, seqs, streamed):
+                    self._fail(responder, live.cancel_kind, live.cancel_message, streamed=streamed, key=key,
+                               n_in=n_in)
             if not live.cancelled:  # the runner is shutting down, not a client cancel
                 raise
         except Exception as exc:  # engine failure: answer, keep serving
