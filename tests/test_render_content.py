@@ -120,8 +120,10 @@ def test_default_repository_settings() -> None:
         (1, "KIND_MODEL")]
     p = params(eng)
     args = json.loads(p[C.Param.ENGINE_ARGS.value])
-    assert args["enforce_eager"] is True and args["max_model_len"] == 2048
-    assert args["max_num_seqs"] == 16 and "model" not in args
+    assert args["enforce_eager"] is False and args["max_model_len"] == 2048
+    assert args["max_num_seqs"] == 128 and args["max_num_batched_tokens"] == 2048 and "model" not in args
+    assert args["enable_chunked_prefill"] is True and args["enable_prefix_caching"] is True
+    assert p[C.Param.STREAM_INTERVAL_MS.value] == "250" and p[C.Param.COALESCE_FROM.value] == "8"
     assert json.loads(p[C.Param.ENGINE_ENV.value]) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
     assert p[C.Param.MODEL.value] == "package:smollm2-135m-instruct"
     pre = params(parse(files, C.MODEL_PREPROCESSING))

@@ -56,8 +56,10 @@ def test_example_specs_load(path: Path) -> None:
 
 def test_default_spec_values() -> None:
     spec = load_spec(ROOT / "deployments" / "default.yaml")
-    assert spec.name == "smollm2" and spec.device == "cpu" and spec.vllm.enforce_eager
-    assert spec.model.max_model_len == 2048 and spec.batching.max_num_seqs == 16
+    assert spec.name == "smollm2" and spec.device == "cpu" and not spec.vllm.enforce_eager
+    assert spec.model.max_model_len == 2048 and spec.batching.max_num_seqs == 128
+    assert spec.batching.chunked_prefill and spec.kv_cache.prefix_caching
+    assert spec.batching.stream_interval_ms == 250 and spec.batching.coalesce_from_streams == 8
     assert spec.kv_cache.cpu_space_gib == 1 and spec.defaults.max_tokens == 128
 
 

@@ -62,8 +62,8 @@ def llmapi(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture(scope="module")
-def reference(vllm_oracle: Any) -> dict[str, str]:
-    return {k: vllm_oracle.generate(p, temperature=0, max_tokens=n)["text"] for k, (p, n) in PROMPTS.items()}
+def reference(vllm_oracle_eager: Any) -> dict[str, str]:
+    return {k: vllm_oracle_eager.generate(p, temperature=0, max_tokens=n)["text"] for k, (p, n) in PROMPTS.items()}
 
 
 def test_the_engine_is_the_llm_api_with_the_specs_arguments(llmapi: Any) -> None:
@@ -174,10 +174,10 @@ def test_a_json_schema_guide_holds_for_every_sample(llmapi: Any) -> None:
     _judge("json_schema through the LLM-API ensemble", guided, free, _person_valid)
 
 
-def test_two_sequences_equal_vllm_offline(llmapi: Any, vllm_oracle: Any) -> None:
+def test_two_sequences_equal_vllm_offline(llmapi: Any, vllm_oracle_eager: Any) -> None:
     handle, record = llmapi
     prompt = PROMPTS["story"][0]
-    out = vllm_oracle.generate(prompt, n=2, seed=SEED, temperature=1.0, max_tokens=16)
+    out = vllm_oracle_eager.generate(prompt, n=2, seed=SEED, temperature=1.0, max_tokens=16)
     want = [(o["text"], o["finish_reason"]) for o in out["outputs"]]
     assert want[0][0] != want[1][0]  # two different samples
     with Client(handle.grpc_url, model=handle.model) as client, \
@@ -191,12 +191,12 @@ def test_two_sequences_equal_vllm_offline(llmapi: Any, vllm_oracle: Any) -> None
     print(f"\n2 sequences through the LLM-API ensemble, {len(chunks)} chunks: {[c.text for c in done.choices]}")
 
 
-def test_log_probabilities_equal_vllm_offline(llmapi: Any, vllm_oracle: Any) -> None:
+def test_log_probabilities_equal_vllm_offline(llmapi: Any, vllm_oracle_eager: Any) -> None:
     from test_logprobs import MAX, PROMPT, TOP, _oracle, _same, _typed
     from tritonforge.triton_models.preprocess import load_tokenizer
 
     handle, record = llmapi
-    want = _oracle(vllm_oracle, load_tokenizer("package:smollm2-135m-instruct"), PROMPT)
+    want = _oracle(vllm_oracle_eager, load_tokenizer("package:smollm2-135m-instruct"), PROMPT)
     with Client(handle.grpc_url, model=handle.model) as client, \
             client.stream(Request(prompt=PROMPT, max_tokens=MAX, temperature=0.0, logprobs=True,
                                   top_logprobs=TOP, stop=[])) as stream:

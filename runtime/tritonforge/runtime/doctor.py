@@ -326,6 +326,21 @@ def check_server_url(url: str, timeout: float = 5.0) -> Check:
     return _ok(name, f"{url} ready (HTTP {status})")
 
 
+def check_allocator() -> Check:
+    """tcmalloc for vLLM's CPU engine processes (``runtime.preload``)."""
+    from tritonforge.runtime.preload import NO_PRELOAD_ENV, TCMALLOC_PACKAGE, tcmalloc_path
+
+    name = "CPU allocator"
+    lib = tcmalloc_path()
+    if lib is None:
+        return Check(name, Status.WARN, "tcmalloc not found: vLLM's CPU engine runs on the system allocator "
+                     "(slower)", f"apt-get install {TCMALLOC_PACKAGE} (scripts/setup.sh does, as root)")
+    if os.environ.get(NO_PRELOAD_ENV) == "1":
+        return Check(name, Status.WARN, f"{lib} found, but ${NO_PRELOAD_ENV}=1 turns its preload off",
+                     f"unset {NO_PRELOAD_ENV}")
+    return _ok(name, f"{lib}: preloaded into vLLM's CPU engine processes")
+
+
 def run_checks(
     *,
     repo: Path | None = None,
@@ -337,7 +352,7 @@ def run_checks(
     on_check: Callable[[Check], None] | None = None,
 ) -> list[Check]:
     steps: list[Callable[[], Check]] = [check_server_binary, check_backend_stub, check_libpython,
-                                        check_locale, check_numpy]
+                                        check_locale, check_numpy, check_allocator]
     if engine:
         steps.append(lambda: check_engine_import(timeout=engine_timeout))
     if repo is not None:

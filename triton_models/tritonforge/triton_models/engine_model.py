@@ -128,6 +128,10 @@ class TritonPythonModel:
         config, params = triton_io.model_params(args)
         for key, value in json.loads(params.get(Param.ENGINE_ENV.value) or "{}").items():
             os.environ[str(key)] = str(value)
+        if "VLLM_CPU_KVCACHE_SPACE" in os.environ:  # vLLM on a CPU: its allocator (runtime.preload)
+            from tritonforge.runtime.preload import with_tcmalloc
+
+            os.environ["LD_PRELOAD"] = with_tcmalloc(os.environ.get("LD_PRELOAD", ""))
         kind = EngineKind(params.get(Param.ENGINE_KIND.value) or EngineKind.VLLM.value)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         try:
@@ -140,7 +144,9 @@ class TritonPythonModel:
         self.runner = EngineRunner(_make_adapter(kind, params, args), metrics=metrics,
                                    max_queue_size=queue or None,
                                    cpp_outputs=kind is EngineKind.TRTLLM_CPP,
-                                   stream_interval_s=int(params.get(Param.STREAM_INTERVAL_MS.value) or 0) / 1000,
+                                   # the C++ backend's stand-in streams every token, as the backend does
+                                   stream_interval_s=0.0 if kind is EngineKind.TRTLLM_CPP
+                                   else int(params.get(Param.STREAM_INTERVAL_MS.value) or 0) / 1000,
                                    coalesce_from=int(params.get(Param.COALESCE_FROM.value) or 1))
         self.runner.start()
 
