@@ -8,7 +8,9 @@ errors are translated in :func:`translate` only; HTTP error statuses in :func:`s
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
@@ -145,6 +147,14 @@ class HttpCall:
                 return _wire.sse_event(sse.data)
 
     def cancel(self) -> None:
+        """End the request, also from another thread: the socket is shut down first, so a
+        read blocked on it returns at once (closing it alone does not wake that read, and a
+        server that stopped sending when it saw the client go never sends the byte that would)."""
+        stream = self._response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self._response.close()
 
 
