@@ -7,7 +7,9 @@ Sides (one server at a time, never two):
 * ``vllm-defaults``  -- ``vllm serve`` with its own defaults (torch.compile, chunked prefill,
                         prefix caching) on the same prepared model folder;
 * ``vllm-spec``      -- ``vllm serve`` with the default spec's engine arguments (read from the
-                        repository's engine config), i.e. identical engine settings.
+                        repository's engine config) and the allocator tritonforge's engine
+                        model preloads (tcmalloc, ``runtime.preload``), i.e. identical engine
+                        settings; ``vllm-defaults`` runs as a user starts it, with neither.
 
 ``triton`` and ``gateway`` share one server visit; the two ``vllm`` sides are a visit each.
 Visits run forward, then reversed, then forward ... (A B C, C B A, A B C for three repeats), so
@@ -204,6 +206,10 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
     port = free_port()
     env = server_environment(find_install(), engine_env)
     flags = vllm_flags(engine_args) if name == "vllm-spec" else []
+    if name == "vllm-spec":  # the engine's environment as tritonforge's engine model sets it
+        from tritonforge.runtime.preload import with_tcmalloc
+
+        env["LD_PRELOAD"] = with_tcmalloc(env.get("LD_PRELOAD", ""))
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
             "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
             "--disable-log-stats", *flags]
