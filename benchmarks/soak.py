@@ -4,7 +4,8 @@ Counts streams, tokens and errors, and samples the server's memory: the summed r
 set size of the tritonserver process group (tritonserver, Python backend stubs, vLLM engine
 processes), found from the process that listens on the server's gRPC port (/proc). With
 ``--drop-fraction`` a share of the streams are dropped mid-stream by a random kind of client
-(typed gRPC/HTTP clients leaving, a bare gRPC stream cancelled, bare HTTP SSE connections
+(typed gRPC/HTTP clients leaving, a bare gRPC stream cancelled, a plain
+``ModelInfer`` on the non-streaming ``<model>_sync`` cancelled, bare HTTP SSE connections
 closed on the ensemble and on the BLS model, the OpenAI gateway's client with
 ``--gateway``). Prints the figures, the RSS slope fitted over all samples (least squares,
 MiB/min) and the engine's own gauges at the end; exits 1 on any error, when memory grew more
@@ -110,7 +111,7 @@ class SoakResult:
         return statistics.linear_regression(minutes, self.rss_samples_mib).slope
 
 
-DROP_KINDS = ("typed-grpc", "typed-http", "grpc-stream", "http-sse", "bls-http-sse", "gateway")
+DROP_KINDS = ("typed-grpc", "typed-http", "grpc-stream", "sync-grpc", "http-sse", "bls-http-sse", "gateway")
 
 
 async def _drop(kind: str, urls: dict[str, str], model: str, clients: dict[str, object],
@@ -127,17 +128,24 @@ async def _drop(kind: str, urls: dict[str, str], model: str, clients: dict[str, 
             async for chunk in stream:
                 if chunk.index >= k:
                     break
-    elif kind == "grpc-stream":
+    elif kind in ("grpc-stream", "sync-grpc"):
         import grpc
         from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-        req = service_pb2.ModelInferRequest(model_name=model)
+        req = service_pb2.ModelInferRequest(model_name=model if kind == "grpc-stream" else f"{model}_sync")
         t = req.inputs.add(name="text_input", datatype="BYTES", shape=[1, 1])
         t.contents.bytes_contents.append(prompt.encode())
         for name in ("max_tokens", "min_tokens"):
             t = req.inputs.add(name=name, datatype="INT32", shape=[1, 1])
             t.contents.int_contents.append(512)
         async with grpc.aio.insecure_channel(urls["grpc"]) as channel:
+            if kind == "sync-grpc":  # the non-streaming model: a plain ModelInfer, cancelled mid-way
+                unary = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(req)
+                await asyncio.sleep(0.2 * k)
+                if unary.done():
+                    raise RuntimeError("sync-grpc: a 512-token request ended before it was dropped")
+                unary.cancel()
+                return
             call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([req]))
             n = 0
             async for response in call:

@@ -142,3 +142,42 @@ def test_tool_requests_that_cannot_be_honoured_are_refused(sdk: openai.OpenAI, t
     with pytest.raises(openai.BadRequestError) as err:
         sdk.chat.completions.create(model=triton_server.model, messages=ASK, max_tokens=4, **extra)  # type: ignore[arg-type]
     assert err.value.param == "tool_choice" and fragment in err.value.message
+
+
+# A value for each field the gateway cannot honour that asks for something (its no-op value,
+# e.g. ``logit_bias: {}``, passes); the keys must stay the gateway's own table.
+UNHONOURED = {"logit_bias": {"50256": -100}, "audio": {"voice": "alloy", "format": "wav"},
+              "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
+              "web_search_options": {}, "functions": [{"name": "f", "parameters": {"type": "object"}}],
+              "function_call": "auto", "reasoning_effort": "low", "verbosity": "low"}
+
+
+def test_every_unsupported_openai_field_is_a_400_naming_it_on_the_real_server(sdk: openai.OpenAI,
+                                                                              triton_server: Any) -> None:
+    """Each field the gateway cannot honour, sent by the openai SDK to the real gateway over the
+    real server, is refused with a 400 whose ``param`` names it -- on both endpoints, with the
+    completions-only ``suffix`` and a chat image part too -- and the server then still answers."""
+    from tritonforge.gateway.protocol import UNSUPPORTED_FIELDS
+
+    assert set(UNHONOURED) == set(UNSUPPORTED_FIELDS)
+    model = triton_server.model
+    sent = 0
+    for field, value in UNHONOURED.items():
+        for create, args in ((sdk.chat.completions.create, {"messages": ASK}),
+                             (sdk.completions.create, {"prompt": "Hello"})):
+            with pytest.raises(openai.BadRequestError) as err:
+                create(model=model, max_tokens=4, extra_body={field: value}, **args)  # type: ignore[operator]
+            assert err.value.param == field and field in err.value.message, (field, err.value)
+            sent += 1
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model=model, prompt="Hello", suffix=" world", max_tokens=4)
+    assert err.value.param == "suffix"
+    image = [{"type": "text", "text": "What is this?"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(model=model, max_tokens=4,
+                                    messages=[{"role": "user", "content": image}])  # type: ignore[list-item]
+    assert "messages[0].content" in (err.value.param or "") + err.value.message
+    print(f"\n{sent + 2} unsupported requests refused with a 400 naming the field")
+    after = sdk.completions.create(model=model, prompt="Hello", max_tokens=4)
+    assert after.usage is not None and after.usage.completion_tokens > 0
