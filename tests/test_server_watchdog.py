@@ -120,3 +120,20 @@ def test_an_execute_starting_right_after_a_stall_was_waited_for(tmp_path: Path) 
     stub.run(0.1)
     watch.track(lambda requests: None)([])  # the backend's request, served on resuming
     assert watch.observe() is not None and restart.exists()
+
+
+def test_free_ports_are_outside_the_range_the_os_hands_out() -> None:
+    """A port from bind(0) can be handed out again (vLLM's engine binds its sockets that way
+    while Triton loads it, before Triton's HTTP service binds): free_port() picks below the
+    kernel's ephemeral range, each port once per process, and each one binds."""
+    import socket
+
+    from tritonforge.runtime.server import free_port
+
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(40)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= p < low for p in ports), (low, high, ports)
+    for p in ports[:5]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))

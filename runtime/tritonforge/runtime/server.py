@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -227,7 +228,37 @@ def server_environment(install: ServerInstall, extra: dict[str, str] | None = No
     return env
 
 
+_GIVEN: set[int] = set()  # ports free_port() returned in this process
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the OS hands out for ``bind(0)`` and outgoing connections (Linux's
+    ip_local_port_range; its usual default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, chosen below the OS's ephemeral range. A port from ``bind(0)`` is
+    free only until the OS hands it out again: vLLM's engine binds ZMQ and torch.distributed
+    sockets with ``bind(0)`` while tritonserver loads it, before Triton's HTTP service binds
+    -- measured here, once, as "Socket ... already in use" for a port picked that way."""
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12_000), low)
+        if port in _GIVEN:  # two servers of one process must not get the same port
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            _GIVEN.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
