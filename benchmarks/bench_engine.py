@@ -41,7 +41,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import signal
 import statistics
 import sys
@@ -58,19 +57,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gateway import REPO, engine_settings, ensemble_name, process  # type: ignore[import-not-found]
 from bench_peer import Run, prompts  # type: ignore[import-not-found]
+from tritonforge.runtime.procfs import descendants
 
 SIDES = ("triton", "bare")
 WARM_SEED = 99  # warm-up prompts: a seed no level uses (levels use their concurrency)
 
 
-def _param(cfg_text: str, key: str, default: str | None = None) -> str:
-    """A string parameter of a generated config.pbtxt."""
-    m = re.search(rf'key:\s*"{key}"\s*value\s*\{{\s*string_value:\s*"((?:[^"\\]|\\.)*)"', cfg_text)
-    if m is None:
-        if default is None:
-            raise SystemExit(f"parameter {key} not found in the engine model's config")
-        return default
-    return str(json.loads(f'"{m.group(1)}"'))
+def _engine_parameters() -> dict[str, str]:
+    """The engine model's string parameters, from its config parsed into Triton's ModelConfig."""
+    from google.protobuf import text_format  # type: ignore[import-untyped]
+    from tritonclient.grpc import model_config_pb2 as mc  # type: ignore[import-untyped]
+    from tritonforge.contract import MODEL_VLLM_ENGINE
+
+    cfg = text_format.Parse((REPO / MODEL_VLLM_ENGINE / "config.pbtxt").read_text(), mc.ModelConfig())
+    return {k: v.string_value for k, v in cfg.parameters.items()}
 
 
 def _check(side: str, concurrency: int, counts: list[int], requests: int, max_tokens: int) -> None:
@@ -87,27 +87,6 @@ def _check(side: str, concurrency: int, counts: list[int], requests: int, max_to
 def _line(side: str, r: Run) -> str:
     return (f"  {side:>6} c={r.concurrency:<3} {r.tok_s:8.1f} tok/s  TTFT p50 {r.ttft(0.5):7.0f} ms"
             f"  ({r.tokens} tokens, {r.wall_s:.1f} s)  load {r.load_1m:.2f}")
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(d.name))
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def _tcmalloc_in(pids: list[int]) -> dict[str, bool]:
@@ -174,7 +153,7 @@ def triton_visit(model: str, warm: list[str], texts: dict[int, list[str]], level
         server.wait_ready(900)
         ready = time.monotonic() - t0
         proc = server.process
-        preloaded = _tcmalloc_in(_descendants(proc.pid)) if proc is not None else {}
+        preloaded = _tcmalloc_in(descendants(proc.pid)) if proc is not None else {}
         results = asyncio.run(_triton_levels(opts.grpc_url, model, warm, texts, levels, max_tokens))
     finally:
         server.stop()
@@ -274,7 +253,7 @@ def bare_worker(spec_path: Path) -> int:
     runner.start()
     try:
         ready = time.monotonic() - t0
-        preloaded = _tcmalloc_in(_descendants(os.getpid()))
+        preloaded = _tcmalloc_in(descendants(os.getpid()))
         warm = _bare_level(runner, encode(spec["warm"]), 2, spec["max_tokens"], end_id)
         if warm["errors"]:
             raise SystemExit(f"bare warm-up: {warm['errors'][0]}")
@@ -385,16 +364,16 @@ def main() -> int:
         p.error(f"--requests ({a.requests}) is below the highest level ({max(levels)}): "
                 "that level would never reach its concurrency")
 
-    from tritonforge.contract import MODEL_VLLM_ENGINE
+    from tritonforge.contract import MODEL_VLLM_ENGINE, Param
     from tritonforge.runtime.models import resolve_model
     from tritonforge.runtime.paths import cache_dir
 
-    cfg = (REPO / MODEL_VLLM_ENGINE / "config.pbtxt").read_text()
+    params = _engine_parameters()
     engine_args, engine_env = engine_settings(REPO)  # what the engine model reads
     engine_args.pop("model", None)
-    stream_interval_s = int(_param(cfg, "tritonforge_stream_interval_ms", "0") or 0) / 1000
-    coalesce_from = int(_param(cfg, "tritonforge_coalesce_from_streams", "1") or 1)
-    folder = resolve_model(_param(cfg, "tritonforge_model"))
+    stream_interval_s = int(params.get(Param.STREAM_INTERVAL_MS.value) or 0) / 1000
+    coalesce_from = int(params.get(Param.COALESCE_FROM.value) or 1)
+    folder = resolve_model(params[Param.MODEL.value])
     model = ensemble_name(REPO)
     logs = cache_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)

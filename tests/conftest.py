@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tritonforge.runtime.procfs import descendants
 
 if TYPE_CHECKING:
     from vllm_oracle import VllmOracle
@@ -370,25 +371,6 @@ def serve_spec(spec: dict[str, object], tmp: Path, what: str) -> Iterator[dict[s
                 proc.wait(120)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc's parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def tree_cpu_seconds(pid: int) -> float:

@@ -231,22 +231,21 @@ def server_environment(install: ServerInstall, extra: dict[str, str] | None = No
 _GIVEN: set[int] = set()  # ports free_port() returned in this process
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    """The ports the OS hands out for ``bind(0)`` and outgoing connections (Linux's
+def _ephemeral_low() -> int:
+    """The lowest port the OS hands out for ``bind(0)`` and outgoing connections (Linux's
     ip_local_port_range; its usual default elsewhere)."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now, chosen below the OS's ephemeral range. A port from ``bind(0)`` is
-    free only until the OS hands it out again: vLLM's engine binds ZMQ and torch.distributed
-    sockets with ``bind(0)`` while tritonserver loads it, before Triton's HTTP service binds
-    -- measured here, once, as "Socket ... already in use" for a port picked that way."""
-    low, _ = _ephemeral_range()
+    free only until the OS hands it out again, to any socket bound that way or any outgoing
+    connection (vLLM's engine opens sockets while tritonserver loads it, before Triton's HTTP
+    service binds): measured here once as "Socket ... already in use" for a port picked so."""
+    low = _ephemeral_low()
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randrange(max(1024, low - 12_000), low)
