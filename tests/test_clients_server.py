@@ -161,6 +161,29 @@ def test_many_concurrent_streams_share_one_client(triton_server: Any, clients: d
         assert len(set(texts)) == 1, texts
 
 
+def test_a_finished_grpc_stream_closes_with_the_servers_status_not_a_cancel(triton_server: Any) -> None:
+    """After the final response the typed gRPC clients read the call to its end (status OK).
+    A call left for grpc to cancel once the final response has arrived makes Triton 2.51's
+    gRPC frontend keep that request, and with it the model, for ever: the server's stop then
+    exits 1 (tests/test_reliability_drops.py stops a server after such streams)."""
+    import grpc
+
+    with Client(triton_server.grpc_url, model=triton_server.model) as client, \
+            client.stream(PROMPT, max_tokens=4) as s:
+        chunks = list(s)
+        call = s._call._call  # the grpc call under the typed stream
+        assert chunks and call.done() and call.code() is grpc.StatusCode.OK
+
+    async def main() -> Any:
+        async with AsyncClient(triton_server.grpc_url, model=triton_server.model) as client:
+            async with client.stream(PROMPT, max_tokens=4) as s:
+                assert [c async for c in s]
+                call = s._call._call
+                return call.done(), await call.code()
+
+    assert asyncio.run(main()) == (True, grpc.StatusCode.OK)
+
+
 # ---------------------------------------------------------------------------- cancellation
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_leaving_a_stream_cancels_the_server_request(triton_server: Any, clients: dict[str, Client],

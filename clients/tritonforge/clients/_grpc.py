@@ -9,6 +9,7 @@ on the server. ``grpc.RpcError`` is translated in :func:`translate` only.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, TypeVar
 
@@ -92,7 +93,21 @@ class GrpcCall:
             response = next(self._call)
         except grpc.RpcError as exc:
             raise translate(exc) from exc
+        if _wire.grpc_is_final(response):
+            self._finish()
         return _wire.grpc_event(response)
+
+    def _finish(self) -> None:
+        """After the final response, read the call to its end (the server's status follows at
+        once: the request stream is already closed), so that nothing cancels it later. grpc
+        cancels a call whose status was never read when it is collected, or when the caller
+        cancels it on an error, and Triton 2.51's gRPC frontend then keeps the request of a
+        stream cancelled just after its final response for ever: the model never unloads
+        and the server exits 1 at its stop (measured with plain gRPC calls; a race in the
+        frontend's stream state, fixed upstream in triton-inference-server/server PR #8078)."""
+        with contextlib.suppress(grpc.RpcError):
+            for _ in self._call:
+                pass
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -182,7 +197,15 @@ class AsyncGrpcCall:
             raise translate(exc) from exc
         if response is grpc.aio.EOF:
             raise StopAsyncIteration
+        if _wire.grpc_is_final(response):
+            await self._finish()
         return _wire.grpc_event(response)
+
+    async def _finish(self) -> None:
+        """After the final response, read the call to its end (see :meth:`GrpcCall._finish`)."""
+        with contextlib.suppress(grpc.RpcError):
+            while await self._call.read() is not grpc.aio.EOF:
+                pass
 
     async def cancel(self) -> None:
         self._call.cancel()

@@ -214,6 +214,13 @@ def _contents_values(datatype: str, contents: Any) -> list[Any]:
     return list(getattr(contents, field))
 
 
+def grpc_is_final(stream_response: Any) -> bool:
+    """Whether a ``ModelStreamInferResponse`` is its request's last (Triton's final flag)."""
+    params = stream_response.infer_response.parameters
+    return contract.FINAL_RESPONSE_PARAMETER in params and bool(
+        params[contract.FINAL_RESPONSE_PARAMETER].bool_param)
+
+
 def grpc_event(stream_response: Any) -> Event:
     """Decode one ``ModelStreamInferResponse``; an ``error_message`` raises the typed error."""
     if stream_response.error_message:
@@ -226,10 +233,7 @@ def grpc_event(stream_response: Any) -> Event:
             values[out.name] = _decode(out.datatype, raw[i])
         else:
             values[out.name] = _contents_values(out.datatype, out.contents)
-    final = False
-    if contract.FINAL_RESPONSE_PARAMETER in resp.parameters:
-        final = bool(resp.parameters[contract.FINAL_RESPONSE_PARAMETER].bool_param)
-    return _event(values, final=final)
+    return _event(values, final=grpc_is_final(stream_response))
 
 
 # ----------------------------------------------------------------------------------------
