@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--warmup-seconds", type=float, default=30.0,
-                        help="run this long first, so allocator warm-up is not counted as growth")
+                        help="run the same load (drops included) this long first, so that caches "
+                             "filling up are not counted as growth")
     parser.add_argument("--max-growth-mib", type=float, default=256.0)
     parser.add_argument("--max-slope", type=float, default=1.0, help="MiB/min, fitted over all samples")
     parser.add_argument("--http", help="HTTP address of the server (for HTTP drops)")
@@ -295,8 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     urls = {k: v for k, v in (("http", args.http), ("gateway", args.gateway)) if v}
     if args.warmup_seconds > 0:
+        # The same mix as the measured run: dropped streams are 512 tokens long, and vLLM's
+        # worker grows while it first meets them (measured: flat through 10 minutes of short
+        # streams, then growing as soon as the drops began).
         run_soak(args.grpc, args.model, seconds=args.warmup_seconds, concurrency=args.concurrency,
-                 max_tokens=args.max_tokens, measure_memory=False)
+                 max_tokens=args.max_tokens, measure_memory=False, seed=2,
+                 drop_fraction=args.drop_fraction, urls=urls)
     res = run_soak(args.grpc, args.model, seconds=args.minutes * 60, concurrency=args.concurrency,
                    max_tokens=args.max_tokens, drop_fraction=args.drop_fraction, urls=urls)
     idle = True

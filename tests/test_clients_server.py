@@ -175,11 +175,11 @@ def test_a_finished_grpc_stream_closes_with_the_servers_status_not_a_cancel(trit
         assert chunks and call.done() and call.code() is grpc.StatusCode.OK
 
     async def main() -> Any:
-        async with AsyncClient(triton_server.grpc_url, model=triton_server.model) as client:
-            async with client.stream(PROMPT, max_tokens=4) as s:
-                assert [c async for c in s]
-                call = s._call._call
-                return call.done(), await call.code()
+        async with AsyncClient(triton_server.grpc_url, model=triton_server.model) as client, \
+                client.stream(PROMPT, max_tokens=4) as s:
+            assert [c async for c in s]
+            call = s._call._call
+            return call.done(), await call.code()
 
     assert asyncio.run(main()) == (True, grpc.StatusCode.OK)
 
