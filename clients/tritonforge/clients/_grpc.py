@@ -93,9 +93,10 @@ class GrpcCall:
             response = next(self._call)
         except grpc.RpcError as exc:
             raise translate(exc) from exc
-        if _wire.grpc_is_final(response):
+        final = _wire.grpc_is_final(response)
+        if final:
             self._finish()
-        return _wire.grpc_event(response)
+        return _wire.grpc_event(response, final)
 
     def _finish(self) -> None:
         """After the final response, read the call to its end (the server's status follows at
@@ -197,9 +198,10 @@ class AsyncGrpcCall:
             raise translate(exc) from exc
         if response is grpc.aio.EOF:
             raise StopAsyncIteration
-        if _wire.grpc_is_final(response):
+        final = _wire.grpc_is_final(response)
+        if final:
             await self._finish()
-        return _wire.grpc_event(response)
+        return _wire.grpc_event(response, final)
 
     async def _finish(self) -> None:
         """After the final response, read the call to its end (see :meth:`GrpcCall._finish`)."""

@@ -221,8 +221,9 @@ def grpc_is_final(stream_response: Any) -> bool:
         params[contract.FINAL_RESPONSE_PARAMETER].bool_param)
 
 
-def grpc_event(stream_response: Any) -> Event:
-    """Decode one ``ModelStreamInferResponse``; an ``error_message`` raises the typed error."""
+def grpc_event(stream_response: Any, final: bool | None = None) -> Event:
+    """Decode one ``ModelStreamInferResponse``; an ``error_message`` raises the typed error.
+    ``final``: :func:`grpc_is_final` of it, when the caller has read that already."""
     if stream_response.error_message:
         raise server_error(stream_response.error_message)
     resp = stream_response.infer_response
@@ -233,7 +234,7 @@ def grpc_event(stream_response: Any) -> Event:
             values[out.name] = _decode(out.datatype, raw[i])
         else:
             values[out.name] = _contents_values(out.datatype, out.contents)
-    return _event(values, final=grpc_is_final(stream_response))
+    return _event(values, final=grpc_is_final(stream_response) if final is None else final)
 
 
 # ----------------------------------------------------------------------------------------
