@@ -2,10 +2,12 @@
 
 Counts streams, tokens and errors, and samples the server's memory: the summed resident
 set size of the tritonserver process group (tritonserver, Python backend stubs, vLLM engine
-processes), found from the process that listens on the server's gRPC port (/proc). With
+processes), found from the process that listens on the server's gRPC port (/proc), and of
+the group of the process listening on ``--http`` (``serve``'s HTTP front). With
 ``--drop-fraction`` a share of the streams are dropped mid-stream by a random kind of client
-(typed gRPC/HTTP clients leaving, a bare gRPC stream cancelled, a plain
-``ModelInfer`` on the non-streaming ``<model>_sync`` cancelled, bare HTTP SSE connections
+(typed gRPC/HTTP clients leaving, a bare gRPC stream cancelled, a plain ``ModelInfer`` on the
+non-streaming ``<model>_sync`` cancelled, a plain HTTP ``/generate`` on it whose connection
+is closed, bare HTTP SSE connections
 closed on the ensemble and on the BLS model, the OpenAI gateway's client with
 ``--gateway``). Prints the figures, the RSS slope fitted over all samples (least squares,
 MiB/min) and the engine's own gauges at the end; exits 1 on any error, when memory grew more
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -64,8 +67,8 @@ def listening_pid(port: int) -> int | None:
     return None
 
 
-def group_rss_bytes(pgid: int) -> int:
-    """Sum of resident memory of every process in process group ``pgid``."""
+def group_rss_bytes(pgids: set[int]) -> int:
+    """Sum of resident memory of every process in the process groups ``pgids``."""
     total = 0
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -73,7 +76,7 @@ def group_rss_bytes(pgid: int) -> int:
         try:
             stat = (proc / "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) != pgid:  # field 5 (pgrp), counted after the command name
+            if int(fields[2]) not in pgids:  # field 5 (pgrp), counted after the command name
                 continue
             total += int((proc / "statm").read_text().split()[1]) * _PAGE
         except (OSError, ValueError, IndexError):
@@ -111,7 +114,8 @@ class SoakResult:
         return statistics.linear_regression(minutes, self.rss_samples_mib).slope
 
 
-DROP_KINDS = ("typed-grpc", "typed-http", "grpc-stream", "sync-grpc", "http-sse", "bls-http-sse", "gateway")
+DROP_KINDS = ("typed-grpc", "typed-http", "grpc-stream", "sync-grpc", "sync-http", "http-sse", "bls-http-sse",
+              "gateway")
 
 
 async def _drop(kind: str, urls: dict[str, str], model: str, clients: dict[str, object],
@@ -155,6 +159,15 @@ async def _drop(kind: str, urls: dict[str, str], model: str, clients: dict[str, 
                 if n >= k:
                     break
             call.cancel()
+    elif kind == "sync-http":  # the non-streaming model over plain HTTP /generate, left mid-way
+        async with httpx.AsyncClient(timeout=120) as http:
+            post = asyncio.ensure_future(http.post(f"http://{urls['http']}/v2/models/{model}_sync/generate", json=body))
+            await asyncio.sleep(0.2 * k)
+            if post.done():
+                raise RuntimeError(f"sync-http: a 512-token request ended before it was dropped: {post.result()}")
+            post.cancel()  # closes the connection
+            with contextlib.suppress(asyncio.CancelledError):
+                await post
     else:
         if kind == "gateway":
             url = f"{urls['gateway']}/completions"
@@ -187,7 +200,7 @@ def engine_gauges(metrics_url: str) -> dict[str, float]:
     return out
 
 
-async def _soak(url: str, model: str, seconds: float, concurrency: int, pgid: int | None,
+async def _soak(url: str, model: str, seconds: float, concurrency: int, pgids: set[int],
                 max_tokens: int, seed: int, drop_fraction: float = 0.0,
                 urls: dict[str, str] | None = None) -> SoakResult:
     from tritonforge.clients import AsyncClient, Request
@@ -197,11 +210,11 @@ async def _soak(url: str, model: str, seconds: float, concurrency: int, pgid: in
     mib = 1024 * 1024
     urls = {"grpc": url, **(urls or {})}
     kinds = [k for k in DROP_KINDS if (k != "gateway" or "gateway" in urls)
-             and (k not in ("typed-http", "http-sse", "bls-http-sse") or "http" in urls)]
+             and (k not in ("typed-http", "sync-http", "http-sse", "bls-http-sse") or "http" in urls)]
     t_start = time.monotonic()
 
     def sample() -> float:
-        value = group_rss_bytes(pgid) / mib if pgid is not None else 0.0
+        value = group_rss_bytes(pgids) / mib if pgids else 0.0
         result.rss_samples_mib.append(round(value, 1))
         result.rss_sample_times.append(round(time.monotonic() - t_start, 1))
         result.rss_peak_mib = max(result.rss_peak_mib, value)
@@ -267,11 +280,13 @@ def run_soak(grpc_url: str, model: str, *, seconds: float, concurrency: int = 16
              urls: dict[str, str] | None = None) -> SoakResult:
     """Run the soak loop; memory is sampled when this machine can see the server's processes.
     ``urls`` may name ``http`` (host:port) and ``gateway`` (base URL ending in /v1) for drops."""
-    pgid = None
-    if measure_memory:
-        pid = listening_pid(int(grpc_url.rsplit(":", 1)[1]))
-        pgid = os.getpgid(pid) if pid is not None else None
-    return asyncio.run(_soak(grpc_url, model, seconds, concurrency, pgid, max_tokens, seed,
+    pgids: set[int] = set()
+    if measure_memory:  # tritonserver's group; serve's HTTP front, when there is one, is its own
+        for address in (grpc_url, (urls or {}).get("http")):
+            pid = listening_pid(int(address.rsplit(":", 1)[1])) if address else None
+            if pid is not None:
+                pgids.add(os.getpgid(pid))
+    return asyncio.run(_soak(grpc_url, model, seconds, concurrency, pgids, max_tokens, seed,
                              drop_fraction, urls))
 
 

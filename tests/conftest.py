@@ -57,7 +57,9 @@ def _default_model_name() -> str:
 
 
 def start_server(repo: Path, *, log_name: str) -> tuple[object, ServerHandle]:
-    """Start a real tritonserver on free loopback ports and wait until it is ready."""
+    """Start a real tritonserver on free loopback ports and wait until it is ready, its HTTP
+    port behind tritonforge's HTTP front as ``tritonforge serve`` has it (``runtime.front``):
+    every HTTP test goes through the path a user's request takes."""
     from tritonforge.runtime.models import resolve_model
     from tritonforge.runtime.paths import cache_dir
     from tritonforge.runtime.server import ServerOptions, TritonServer, free_port
@@ -72,6 +74,7 @@ def start_server(repo: Path, *, log_name: str) -> tuple[object, ServerHandle]:
         grpc_port=free_port(),
         metrics_port=free_port(),
         log_file=log,
+        front=True,
     )
     server = TritonServer(opts)
     try:

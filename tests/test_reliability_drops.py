@@ -10,7 +10,9 @@ starts it), then for each kind of client, 8 long streams (``min_tokens`` = ``max
 * the OpenAI gateway's streaming clients disconnecting;
 * tritonforge's typed clients (4 gRPC, 4 HTTP) leaving the stream;
 * the BLS model ``tensorrt_llm_bls`` over plain HTTP SSE;
-* the non-streaming ``<name>_sync`` model over plain gRPC ``ModelInfer``, calls cancelled.
+* the non-streaming ``<name>_sync`` model over plain gRPC ``ModelInfer``, calls cancelled;
+* the same model over plain HTTP ``/generate`` (4 connections closed, 4 reset): Triton 2.51's
+  HTTP frontend does not notice these; ``serve``'s HTTP front does (``runtime.front``).
 
 The oracles are not tritonforge's: the server's CPU time, summed over every process under
 ``serve`` from /proc, must fall to its idle level within 3 s of the drop; vLLM's own
@@ -219,6 +221,20 @@ def drop_sync_grpc(s: Served, i: int, p: Progress, go: threading.Event) -> None:
     channel.close()
 
 
+def drop_sync_http(s: Served, i: int, p: Progress, go: threading.Event) -> None:
+    """Non-streamed over HTTP: the connection waits for the one answer; closed or reset."""
+    host, port = s.http_url.rsplit(":", 1)
+    body = _sse_body()
+    head = (f"POST /v2/models/{s.model}_sync/generate HTTP/1.1\r\nHost: {s.http_url}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    sock = socket.create_connection((host, int(port)), timeout=120)
+    sock.sendall(head + body)
+    go.wait()
+    if i % 2:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+    sock.close()
+
+
 _GATEWAY: dict[str, Any] = {}
 _RATE: dict[int, float] = {}  # tokens/s per stream, with n streams at once
 
@@ -244,6 +260,7 @@ KINDS: dict[str, Callable[[Served, int, Progress, threading.Event], None]] = {
     "typed-clients": drop_typed,
     "bls-http-sse": drop_bls_sse,
     "sync-grpc": drop_sync_grpc,
+    "sync-http": drop_sync_http,
 }
 
 
@@ -297,7 +314,7 @@ def test_dropped_streams_stop_the_engine(served: Served, gateway: str, kind: str
     # Under way: every stream showed tokens (the non-streamed kind: vLLM's scheduler runs them).
     while True:
         streaming = all(p.tokens >= MIN_SEEN for p in progress)
-        if kind == "sync-grpc":  # Triton queues what its instances cannot take yet
+        if kind.startswith("sync-"):  # Triton queues what its instances cannot take yet
             streaming = engine_gauge(s.metrics_url) >= 1 and time.monotonic() - started > 2
         if streaming or errors:
             break
@@ -305,7 +322,7 @@ def test_dropped_streams_stop_the_engine(served: Served, gateway: str, kind: str
         time.sleep(0.05)
     assert not errors, errors
     busy = tree_cpu_rate(s.proc.pid, 1.0)
-    in_engine = int(engine_gauge(s.metrics_url)) if kind == "sync-grpc" else N
+    in_engine = int(engine_gauge(s.metrics_url)) if kind.startswith("sync-") else N
     go.set()
     t_drop = time.monotonic()
     # Would the streams still be generating at the check, uncancelled? Not one of them can

@@ -38,7 +38,7 @@ def test_group_rss_counts_this_process() -> None:
     import os
 
     soak = _soak_module()
-    rss = soak.group_rss_bytes(os.getpgid(0))
+    rss = soak.group_rss_bytes({os.getpgid(0)})
     assert rss > 10 * 1024 * 1024  # this Python alone is bigger than 10 MiB
 
 

@@ -44,6 +44,7 @@ from typing import Any, Final, Literal
 
 __all__ = [
     "BACKEND_FAILURE_TEXTS",
+    "CANCEL_DIR_ENV",
     "DRAIN_FILE_ENV",
     "ENABLE_EMPTY_FINAL_PARAMETER",
     "ENGINE_EXTRA_OUTPUTS",
@@ -53,6 +54,8 @@ __all__ = [
     "ENSEMBLE_INPUTS",
     "ENSEMBLE_OUTPUTS",
     "FINAL_RESPONSE_PARAMETER",
+    "FRONT_KEY_PARAMETER",
+    "FRONT_KEY_PATTERN",
     "GUIDES",
     "GUIDE_INPUT",
     "GUIDE_TYPE_INPUT",
@@ -659,7 +662,7 @@ def check_request_parameters(parameters: Mapping[str, Any]) -> None:
     closest input. Triton's own parameters (``triton_*``, sequence ids, priority) pass."""
     known_inputs = [p.name for p in REQUEST_PARAMETERS]
     for key in parameters:
-        if key in TRITON_REQUEST_PARAMETERS or key.startswith("triton_"):
+        if key in TRITON_REQUEST_PARAMETERS or key.startswith("triton_") or key == FRONT_KEY_PARAMETER:
             continue
         hint = closest(key, known_inputs + sorted(TRITON_REQUEST_PARAMETERS))
         raise ParameterError(
@@ -768,6 +771,16 @@ DRAIN_FILE_ENV: Final = "TRITONFORGE_DRAIN_FILE"
 # The environment variable naming the restart file: a tritonforge model writes why there when
 # the server must be started again (``stub_health.StallWatch``); the launcher restarts it.
 RESTART_FILE_ENV: Final = "TRITONFORGE_RESTART_FILE"
+# The HTTP front (``runtime.front``, in ``tritonforge serve``'s default path) tags each
+# non-streamed ``generate``/``infer`` request with a key of its own (a JSON key of the
+# ``generate`` body, a header of ``infer`` that Triton forwards as a request parameter, both
+# arriving as this request parameter); when the client disconnects before the answer, it
+# creates a file named by the key in the folder this environment variable names. Triton
+# 2.51's HTTP frontend gives no signal of its own for such a request; the ``_sync`` model
+# stops the engine when its request's key turns up there, as for a cancelled gRPC call.
+FRONT_KEY_PARAMETER: Final = "tritonforge-front-key"
+CANCEL_DIR_ENV: Final = "TRITONFORGE_CANCEL_DIR"
+FRONT_KEY_PATTERN: Final = re.compile(r"[0-9a-f]{32}")  # what the front sends (uuid4 hex)
 
 
 def engine_request_id(key: int) -> str:

@@ -155,6 +155,13 @@ def serve(
                      "/v1/completions) on this port, same --host; API key from "
                      "$TRITONFORGE_OPENAI_API_KEY if set."),
     ] = None,
+    http_front: Annotated[
+        bool,
+        typer.Option("--http-front/--no-http-front",
+                     help="Serve HTTP through tritonforge's front, which stops the engine when a "
+                     "client leaves a non-streamed /generate or /infer call (Triton's HTTP "
+                     "frontend does not notice); --no-http-front: Triton's HTTP port directly."),
+    ] = True,
 ) -> None:
     """Serve a model with a real tritonserver (the bundled one, or one on PATH)."""
     from rich.markup import escape
@@ -198,7 +205,7 @@ def serve(
     options = ServerOptions(
         repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
         metrics_port=metrics_port, log_file=log_file, restrict_admin=restrict_admin,
-        response_cache_bytes=response_cache_bytes(repository),
+        response_cache_bytes=response_cache_bytes(repository), front=http_front,
     )
     try:
         server = TritonServer(options)

@@ -17,6 +17,11 @@ Stopping drains first: the server's environment names a drain file
 live request with a NOT_READY "server is shutting down" error and refuse new ones. Only then
 is the server signalled, so Triton finds no in-flight request to wait for (it would otherwise
 wait ``--exit-timeout-secs`` for streams that may run for minutes, then exit 1).
+
+With ``ServerOptions.front`` (``tritonforge serve``), tritonserver's HTTP port is a private
+loopback one and the HTTP front (``runtime.front``, a process of its own) serves the public
+port: the same API, plus the signal that a client left a non-streamed call, which Triton
+2.51's HTTP frontend does not give. It is started with the server and stopped after it.
 """
 
 from __future__ import annotations
@@ -38,7 +43,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonforge.contract import DRAIN_FILE_ENV, RESTART_FILE_ENV
+from tritonforge.contract import (
+    CANCEL_DIR_ENV,
+    DRAIN_FILE_ENV,
+    FRONT_KEY_PARAMETER,
+    RESTART_FILE_ENV,
+)
 from tritonforge.runtime import adminkey
 from tritonforge.runtime.paths import cache_dir
 from tritonforge.triton_models.metrics import ENGINE_UP, REQUESTS_RUNNING
@@ -277,6 +287,7 @@ class ServerOptions:
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    front: bool = False  # serve HTTP through runtime.front (see the module's docstring)
 
     def endpoint(self, port: int) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
@@ -313,6 +324,10 @@ class TritonServer:
         self.drain_file = cache_dir() / "run" / f"drain-{options.http_port}-{os.getpid()}-{id(self):x}"
         self.restart_file = self.drain_file.with_name(self.drain_file.name.replace("drain-", "restart-", 1))
         self._progress: dict[str, tuple[float, float]] = {}  # model -> (exec count, since) (wedged())
+        self.front: subprocess.Popen[bytes] | None = None
+        self.cancel_dir = self.drain_file.with_name(self.drain_file.name.replace("drain-", "cancel-", 1))
+        # tritonserver's own HTTP port: the public one, or a private one behind the front.
+        self.triton_http_port = options.http_port
 
     @property
     def log_file(self) -> Path:
@@ -326,8 +341,8 @@ class TritonServer:
             str(self.install.binary),
             f"--model-repository={o.repository}",
             f"--backend-directory={self.install.backend_dir}",
-            f"--http-address={o.host}",
-            f"--http-port={o.http_port}",
+            f"--http-address={'127.0.0.1' if o.front else o.host}",
+            f"--http-port={self.triton_http_port}",
             f"--grpc-address={o.host}",
             f"--grpc-port={o.grpc_port}",
             f"--metrics-address={o.host}",
@@ -341,6 +356,8 @@ class TritonServer:
             f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_SECONDS}",
             f"--log-verbose={o.log_verbose}",
         ]
+        if o.front:  # the front's key of an /infer call reaches the model as a request parameter
+            cmd.append(f"--http-header-forward-pattern=^{FRONT_KEY_PARAMETER}$")
         if self.install.cache_dir is not None:
             cmd.append(f"--cache-directory={self.install.cache_dir}")
         if o.response_cache_bytes > 0:
@@ -372,6 +389,11 @@ class TritonServer:
         self.restart_file.unlink(missing_ok=True)
         env[DRAIN_FILE_ENV] = str(self.drain_file)
         env[RESTART_FILE_ENV] = str(self.restart_file)
+        if self.options.front:
+            self.triton_http_port = free_port("127.0.0.1")
+            shutil.rmtree(self.cancel_dir, ignore_errors=True)
+            self.cancel_dir.mkdir(parents=True)
+            env[CANCEL_DIR_ENV] = str(self.cancel_dir)
         self.process = subprocess.Popen(
             self.command(),
             stdout=log,
@@ -380,6 +402,15 @@ class TritonServer:
             env=env,
             start_new_session=True,
         )
+        if self.options.front:
+            # A session of its own too: a Ctrl-C in the terminal must not cut the streams it
+            # relays while the server drains; it leaves by itself if this process dies.
+            self.front = subprocess.Popen(
+                [sys.executable, "-m", "tritonforge.runtime.front", "--host", self.options.host,
+                 "--port", str(self.options.http_port), "--upstream", f"127.0.0.1:{self.triton_http_port}",
+                 "--cancel-dir", str(self.cancel_dir)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
         if self.options.restrict_admin and self.admin_key:
             # Local commands (complete, chat, loadtest, gateway) learn the key from here.
             self._published = adminkey.publish(
@@ -511,6 +542,8 @@ class TritonServer:
         a model asked for it (the restart file, ``contract.RESTART_FILE_ENV``), an engine
         died, or a model is wedged; and the log's tail when tritonserver is gone."""
         proc = self.process
+        if self.front is not None and proc is not None and proc.poll() is None and self.front.poll() is not None:
+            return f"the HTTP front exited unexpectedly (exit code {self.front.returncode})", self.log_tail(15)
         if proc is None or proc.poll() is not None:
             code = None if proc is None else proc.returncode
             if code is not None and code < 0:
@@ -566,6 +599,7 @@ class TritonServer:
                 proc.wait(10)
         # Stubs and engine workers share the group; make sure none outlives the server.
         _signal_group(proc.pid, signal.SIGKILL)
+        self._stop_front()
         self.drain_file.unlink(missing_ok=True)
         self.restart_file.unlink(missing_ok=True)
         if self.admin_key:
@@ -576,6 +610,18 @@ class TritonServer:
                 self._log_handle.close()  # type: ignore[attr-defined]
         self.process = None
         return proc.returncode
+
+    def _stop_front(self) -> None:
+        """After tritonserver: the streams it ended have reached their clients through it."""
+        front, self.front = self.front, None
+        if front is not None and front.poll() is None:
+            front.terminate()
+            try:
+                front.wait(10)
+            except subprocess.TimeoutExpired:
+                front.kill()
+                front.wait(5)
+        shutil.rmtree(self.cancel_dir, ignore_errors=True)
 
     def __enter__(self) -> TritonServer:
         self.start()

@@ -6,15 +6,19 @@ model forwards the request to the ensemble (Business Logic Scripting, with ``str
 to false) and returns its single answer, so the text is the same as the ensemble's.
 
 Cancellation: the forwarded request carries an id of its own (unique), and a watchdog polls
-each live request's ``is_cancelled()`` (an HTTP client that disconnected, a gRPC call
-cancelled); for a cancelled one it sends the engine model the contract's ``stop`` with that
-id, so the engine frees the request at once instead of generating the whole answer for
-nobody (the 2.51 Python backend cannot cancel a BLS call).
+each live request's ``is_cancelled()`` (a gRPC call cancelled) and, for a request that came
+through ``tritonforge serve``'s HTTP front, whether the front marked the client gone (a file
+named by the request's ``contract.FRONT_KEY_PARAMETER`` in ``$TRITONFORGE_CANCEL_DIR``: Triton
+2.51's HTTP frontend never cancels a non-streamed request); for a cancelled one it sends the
+engine model the contract's ``stop`` with that id, so the engine frees the request at once
+instead of generating the whole answer for nobody (the 2.51 Python backend cannot cancel a
+BLS call).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +27,11 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from tritonforge.contract import (
+    CANCEL_DIR_ENV,
     ENSEMBLE_INPUTS,
     ENSEMBLE_OUTPUTS,
+    FRONT_KEY_PARAMETER,
+    FRONT_KEY_PATTERN,
     Param,
     ParameterError,
     check_request_parameters,
@@ -68,7 +75,8 @@ class TritonPythonModel:
         _, params = triton_io.model_params(args)
         self.target = params[Param.TARGET_MODEL.value]
         self.engine = params.get(Param.ENGINE_MODEL.value) or ""
-        self._live: dict[str, Any] = {}  # forwarded id -> the client's request
+        self._live: dict[str, tuple[Any, str | None]] = {}  # forwarded id -> (request, front's mark)
+        self._cancel_dir = os.environ.get(CANCEL_DIR_ENV) or None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._stops = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tritonforge-stop")
@@ -78,9 +86,9 @@ class TritonPythonModel:
         while not self._stopping.wait(0.05):
             with self._lock:
                 lives = list(self._live.items())
-            for forwarded_id, request in lives:
+            for forwarded_id, (request, mark) in lives:
                 try:
-                    cancelled = bool(request.is_cancelled())
+                    cancelled = bool(request.is_cancelled()) or (mark is not None and os.path.exists(mark))
                 except Exception:
                     cancelled = True
                 if cancelled:
@@ -92,10 +100,15 @@ class TritonPythonModel:
 
     def _forward(self, request: Any) -> Any:
         # BLS requests carry no parameters on to the ensemble: check them here.
+        parameters = triton_io.request_parameters(request)
         try:
-            check_request_parameters(triton_io.request_parameters(request))
+            check_request_parameters(parameters)
         except ParameterError as exc:
             raise RequestError(str(exc), param=exc.param) from None
+        key = parameters.get(FRONT_KEY_PARAMETER)
+        mark = None
+        if self._cancel_dir and isinstance(key, str) and FRONT_KEY_PATTERN.fullmatch(key):
+            mark = os.path.join(self._cancel_dir, key)
         triton_io.refuse_many_sequences(request, "the non-streaming model")
         inputs = []
         batch = 1
@@ -116,7 +129,7 @@ class TritonPythonModel:
         )
         parts: list[dict[str, np.ndarray]] = []
         with self._lock:
-            self._live[forwarded_id] = request
+            self._live[forwarded_id] = (request, mark)
         try:
             for response in bls.exec(decoupled=True):
                 if response.has_error():
