@@ -2,7 +2,10 @@
 
 Sides (one server at a time, never two):
 
-* ``triton``         -- Triton's ``generate_stream`` (HTTP SSE) on the default repository;
+* ``triton``         -- Triton's ``generate_stream`` (HTTP SSE) on the default repository,
+                        through the HTTP front ``tritonforge serve`` puts on its HTTP port;
+* ``triton-direct``  -- the same on tritonserver's own (private) HTTP port behind the front:
+                        what the front costs;
 * ``gateway``        -- tritonforge's OpenAI gateway over that same Triton (``/v1/completions``);
 * ``vllm-defaults``  -- ``vllm serve`` with its own defaults (torch.compile, chunked prefill,
                         prefix caching) on the same prepared model folder;
@@ -11,7 +14,7 @@ Sides (one server at a time, never two):
                         model preloads (tcmalloc, ``runtime.preload``), i.e. identical engine
                         settings; ``vllm-defaults`` runs as a user starts it, with neither.
 
-``triton`` and ``gateway`` share one server visit; the two ``vllm`` sides are a visit each.
+``triton``, ``triton-direct`` and ``gateway`` share one server visit; the two ``vllm`` sides are a visit each.
 Visits run forward, then reversed, then forward ... (A B C, C B A, A B C for three repeats), so
 a drift of the machine during the run falls on every side alike. Inside a visit each level runs
 after a warm-up, and inside the tritonforge visit the two clients alternate ABBA per level.
@@ -56,8 +59,8 @@ from bench_gateway import (  # type: ignore[import-not-found]
     wait_http,
 )
 
-SIDES = ("triton", "gateway", "vllm-defaults", "vllm-spec")
-VISITS = {"tritonforge": ("triton", "gateway"), "vllm-defaults": ("vllm-defaults",),
+SIDES = ("triton", "triton-direct", "gateway", "vllm-defaults", "vllm-spec")
+VISITS = {"tritonforge": ("triton", "triton-direct", "gateway"), "vllm-defaults": ("vllm-defaults",),
           "vllm-spec": ("vllm-spec",)}
 WORDS = ["river", "stone", "light", "market", "garden", "window", "paper", "silver", "morning", "island", "letter", "engine", "winter", "summer", "forest", "bridge", "orange", "pocket", "valley", "number", "planet", "signal", "harbor", "circle", "thunder", "candle", "mirror", "rocket", "button", "ladder", "meadow", "castle", "violin", "pencil", "lantern"]
 
@@ -92,7 +95,7 @@ async def _one(session: Any, side: str, base: str, model: str, prompt: str, out_
     t0 = time.perf_counter()
     first: float | None = None
     tokens = 0
-    if side == "triton":
+    if side.startswith("triton"):
         url = f"{base}/v2/models/{model}/generate_stream"
         body: dict[str, Any] = {"text_input": prompt, "max_tokens": out_len, "min_tokens": out_len,
                                 "temperature": 0.0}
@@ -108,7 +111,7 @@ async def _one(session: Any, side: str, base: str, model: str, prompt: str, out_
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             event = json.loads(line[5:])
-            if side == "triton":
+            if side.startswith("triton"):
                 if "error" in event:
                     raise SystemExit(f"{side}: {event['error']}")
                 text = event.get("text_output", "")
@@ -181,7 +184,7 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
         from tritonforge.runtime.server import ServerOptions, TritonServer
 
         opts = ServerOptions(repository=REPO, http_port=free_port(), grpc_port=free_port(),
-                             metrics_port=free_port(), log_file=logs / "bench-peer-triton.log")
+                             metrics_port=free_port(), log_file=logs / "bench-peer-triton.log", front=True)
         server = TritonServer(opts)
         print("starting tritonserver (the default repository) ...", flush=True)
         server.start()
@@ -189,7 +192,8 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
             stack.callback(server.stop)
             server.wait_ready(timeout=900)
             grpc_url = opts.grpc_url
-            bases = {"triton": f"http://127.0.0.1:{opts.http_port}"}
+            bases = {"triton": f"http://127.0.0.1:{opts.http_port}",
+                     "triton-direct": f"http://127.0.0.1:{server.triton_http_port}"}
             if "gateway" in sides:
                 port = free_port()
                 argv = [sys.executable, "-c", "from tritonforge.cli import main; main()", "gateway",
@@ -249,8 +253,8 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
             print(f"{s:>13} {c:>4} | {t['tok_s']:7.1f} ({t['tok_s_min']:6.1f}-{t['tok_s_max']:6.1f}) |"
                   f" {t['ttft_p50_ms']:8.0f} {t['ttft_p95_ms']:7.0f}    | {t['load_1m']:5.2f} | {t['repeats']}")
     ratios: dict[str, dict[int, dict[str, float]]] = {}
-    for ours in ("triton", "gateway"):
-        for peer in ("vllm-defaults", "vllm-spec"):
+    for ours in ("triton", "triton-direct", "gateway"):
+        for peer in ("triton-direct", "vllm-defaults", "vllm-spec") if ours == "triton" else ("vllm-defaults", "vllm-spec"):
             if ours in table and peer in table:
                 key = f"{ours}/{peer}"
                 ratios[key] = {c: {"tok_s": table[ours][c]["tok_s"] / table[peer][c]["tok_s"],

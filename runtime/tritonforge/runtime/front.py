@@ -186,11 +186,20 @@ class Front:
                 "type": "http.response.start", "status": response.status_code,
                 "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP or k.lower() == b"content-length"],
             })
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as exc:  # tritonserver went away mid-response: so does the client's
+                print(f"front: {scope_path(request)}: the server broke off the response ({exc!r}); "
+                      "closing the client's connection", file=sys.stderr, flush=True)
+                return  # uvicorn closes a connection whose response was not completed
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
+
+
+def scope_path(request: httpx.Request) -> str:
+    return f"{request.method} {request.url.path}"
 
 
 async def _disconnected(receive: Receive) -> None:
