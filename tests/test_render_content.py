@@ -124,7 +124,9 @@ def test_default_repository_settings() -> None:
     assert args["max_num_seqs"] == 128 and args["max_num_batched_tokens"] == 2048 and "model" not in args
     assert args["enable_chunked_prefill"] is True and args["enable_prefix_caching"] is True
     assert p[C.Param.STREAM_INTERVAL_MS.value] == "250" and p[C.Param.COALESCE_FROM.value] == "8"
-    assert json.loads(p[C.Param.ENGINE_ENV.value]) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert json.loads(p[C.Param.ENGINE_ENV.value]) == {
+        "VLLM_CPU_KVCACHE_SPACE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128",
+        "LRU_CACHE_CAPACITY": "128"}
     assert p[C.Param.MODEL.value] == "package:smollm2-135m-instruct"
     pre = params(parse(files, C.MODEL_PREPROCESSING))
     defaults = json.loads(pre[C.Param.SAMPLING_DEFAULTS.value])
@@ -137,6 +139,19 @@ def test_default_repository_settings() -> None:
         code = [ln for ln in src.splitlines() if ln.startswith(("from ", "import "))]
         assert len(code) == 1 and code[0].endswith("import TritonPythonModel  # noqa: F401")
         assert code[0].startswith("from tritonforge.triton_models.")
+
+
+def test_cpu_primitive_cache_caps_yield_to_the_spec_env_and_stay_off_gpu() -> None:
+    def env(doc: dict[str, Any]) -> dict[str, str]:
+        eng = parse(render(doc), C.MODEL_VLLM_ENGINE)
+        return json.loads(params(eng)[C.Param.ENGINE_ENV.value])
+
+    base = {"name": "m", "model": {"path": "/models/m"}}
+    overridden = env({**base, "vllm": {"env": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}}})
+    assert overridden["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+    assert overridden["LRU_CACHE_CAPACITY"] == "128"
+    gpu = env({**base, "device": "gpu"})
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in gpu and "LRU_CACHE_CAPACITY" not in gpu
 
 
 def test_ensemble_wiring_follows_the_contract() -> None:
