@@ -187,11 +187,8 @@ def engine_env(spec: Spec) -> dict[str, str]:
         space = spec.kv_cache.cpu_space_gib if spec.kv_cache.cpu_space_gib is not None else 4
         env["VLLM_CPU_KVCACHE_SPACE"] = _num(space)
         # vLLM's CPU linear layers keep a oneDNN primitive per distinct token count of a step,
-        # and oneDNN/ideep cache up to 1024 of them each (JIT code and heap that is never
-        # freed): under a mix of batch sizes the engine worker grew +4.5 MiB/min through a
-        # 10-minute soak (benchmarks/soak.py). Capped at 128 entries, two such soaks measured
-        # +1.3 and +0.8 MiB/min for the whole server (the worker +0.5), with no measurable
-        # throughput cost. A spec's vllm.env overrides both.
+        # and oneDNN/ideep each cache up to 1024 (never freed): the worker grows through a long
+        # run unless capped (measured in docs/reliability.md, Soak). vllm.env overrides both.
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(CPU_PRIMITIVE_CACHE_CAPACITY)
         env["LRU_CACHE_CAPACITY"] = str(CPU_PRIMITIVE_CACHE_CAPACITY)
     if spec.parallelism.gpu_device_ids is not None:
