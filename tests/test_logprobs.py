@@ -56,12 +56,20 @@ def _oracle(vllm_oracle: Any, tokenizer: Any, prompt: str | list[int]) -> list[t
 
 def _same(got: list[tuple[str, float, list[tuple[str, float]]]],
           want: list[tuple[str, float, list[tuple[str, float]]]]) -> None:
+    """Same tokens with the same logprobs; each position's alternatives are the same tokens
+    with the same logprobs, listed best first. Which of two exactly equal logprobs (bf16
+    gives ties) a top-k kernel lists first is in no contract, and vLLM offline and served
+    disagree on it from run to run, so alternatives are matched by token, not by index."""
     assert len(got) == len(want) > 0, (len(got), len(want))
+    worst = 0.0
     for i, ((tok, lp, top), (wtok, wlp, wtop)) in enumerate(zip(got, want)):
         assert tok == wtok and abs(lp - wlp) < TOL, (i, tok, lp, wtok, wlp)
-        assert [t for t, _ in top] == [t for t, _ in wtop], (i, top, wtop)
-        assert all(abs(a - b) < TOL for (_, a), (_, b) in zip(top, wtop)), (i, top, wtop)
-    worst = max(abs(a - b) for (_, _, t), (_, _, w) in zip(got, want) for (_, a), (_, b) in zip(t, w))
+        assert len(top) == len(wtop) == TOP, (i, top, wtop)
+        assert [v for _, v in top] == sorted((v for _, v in top), reverse=True), (i, top)
+        have, expect = dict(top), dict(wtop)
+        assert have.keys() == expect.keys(), (i, top, wtop)
+        worst = max([worst, abs(lp - wlp), *(abs(have[t] - expect[t]) for t in expect)])
+        assert worst < TOL, (i, top, wtop)
     print(f"\n{len(got)} tokens x {TOP} alternatives, largest difference from vLLM offline {worst:.2e}")
 
 
