@@ -29,15 +29,13 @@ from tritonforge.contract import POSTPROCESSING_INPUTS, FinishReason, Param, eng
 from tritonforge.triton_models import triton_io
 from tritonforge.triton_models.detokenize import make_decoder
 from tritonforge.triton_models.metrics import PostprocessingMetrics
+from tritonforge.triton_models.pacing import cancel_check_seconds
 from tritonforge.triton_models.postprocess import Postprocessor, PostResult, scalar
 from tritonforge.triton_models.preprocess import load_tokenizer
 from tritonforge.triton_models.request_facts import FactsStore
 
 # How often the request-facts gauge counts the store's entries (a folder listing).
 FACTS_GAUGE_SECONDS = 1.0
-# A stream's requests are asked whether they were cancelled (an IPC round trip to Triton per
-# ask) at most this often: a client that left is noticed within it.
-CANCEL_CHECK_SECONDS = 0.25
 # Cancelled streams remembered, so each is counted once (later requests of it are cancelled too).
 CANCELLED_REMEMBERED = 4096
 
@@ -98,7 +96,8 @@ class TritonPythonModel:
         for request in requests:
             try:
                 inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
-                if (self.post.cancel_check_due(inputs, request.request_id(), CANCEL_CHECK_SECONDS)
+                if (self.post.cancel_check_due(inputs, request.request_id(),
+                                                cancel_check_seconds(self.post.open_requests))
                         and request.is_cancelled()):
                     responses.append(self._cancelled(request, inputs))
                     continue

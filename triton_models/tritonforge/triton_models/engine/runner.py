@@ -57,6 +57,7 @@ from tritonforge.contract import (
 )
 from tritonforge.triton_models.engine.request import EngineRequest, StopMatcher, engine_outputs
 from tritonforge.triton_models.errors import ModelError
+from tritonforge.triton_models.pacing import GAUGE_MIN_SECONDS, cancel_check_seconds
 
 __all__ = ["Delta", "EngineAdapter", "EngineCounts", "EngineRunner", "Responder", "SchedulerState"]
 
@@ -67,9 +68,6 @@ EARLY_STOP_MAX = 4096
 # An engine whose scheduler has reported nothing for this long has run no step: it holds no
 # request (a busy engine reports after every step, well under a second apart).
 IDLE_AFTER_SECONDS = 5.0
-# Each live request's is_cancelled() (an IPC round trip to tritonserver) is asked every this
-# many gauge polls: every 0.25 s with the default 0.05-s poll.
-CANCEL_CHECK_EVERY = 5
 # Token ids whose completeness as a one-token chunk is remembered (the vocabulary, bounded).
 COMPLETE_IDS_MAX = 1 << 20
 SHUTTING_DOWN = "server is shutting down"
@@ -185,6 +183,7 @@ class _Live:
     client_id: str = ""
     cancel_kind: ErrorKind = ErrorKind.CANCELLED
     cancel_message: str = "request cancelled"
+    cancel_checked: float = 0.0  # monotonic time of the last is_cancelled() asked
 
 
 class _Sequence:
@@ -269,10 +268,10 @@ class EngineRunner:
         self._dead = False
         self._drain_file = os.environ.get(DRAIN_FILE_ENV) or None
         self._gauges: tuple[float, float, float] | None = None
+        self._gauges_sent = 0.0
         self._counts = EngineCounts()
         self._live: dict[int, _Live] = {}
         self._complete_ids: dict[int, bool] = {}  # token id -> decodes alone without U+FFFD
-        self._polls = 0
         # Stops that named no live request: its request may still be on its way (queued in
         # Triton, or in preprocessing), so it is cancelled on arrival. Bounded in age and count.
         self._early_stops: OrderedDict[str, float] = OrderedDict()
@@ -446,7 +445,13 @@ class EngineRunner:
                       min(1.0, used / capacity) if capacity else 0.0)
         if values == self._gauges:
             return
-        self._gauges = values
+        # KV usage moves every engine step: at most every GAUGE_MIN_SECONDS (each update is an
+        # IPC round trip), except that running or waiting changed or the engine went idle.
+        now = time.monotonic()
+        if (self._gauges is not None and values[:2] == self._gauges[:2] and any(values)
+                and now - self._gauges_sent < GAUGE_MIN_SECONDS):
+            return
+        self._gauges, self._gauges_sent = values, now
         self.metrics.set_running(int(values[0]))
         self.metrics.set_waiting(int(values[1]))
         self.metrics.set_kv_cache_usage(values[2])
@@ -533,12 +538,14 @@ class EngineRunner:
                     self._cancel(live, ErrorKind.NOT_READY, ENGINE_DIED)
             self._update_gauges()
             self._update_counters()
-            self._polls += 1
-            if self._polls % CANCEL_CHECK_EVERY:
-                continue
+            # Each is_cancelled() is an IPC round trip to tritonserver: every request is asked
+            # every cancel_check_seconds(live), which stretches with load (pacing.py).
+            now = time.monotonic()
+            every = cancel_check_seconds(len(self._live))
             for live in list(self._live.values()):
-                if live.cancelled:
+                if live.cancelled or now - live.cancel_checked < every:
                     continue
+                live.cancel_checked = now
                 try:
                     cancelled = live.responder.is_cancelled()
                 except Exception:  # the request is gone on the server side
