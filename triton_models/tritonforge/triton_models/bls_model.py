@@ -92,14 +92,18 @@ class TritonPythonModel:
     def _watch(self) -> None:
         while not self._stopping.wait(0.05):
             with self._live_lock:
-                lives = list(self._live.values())
-            for live in lives:
-                if live.cancelled.is_set():
-                    continue
-                try:
-                    cancelled = bool(live.request.is_cancelled())
-                except Exception:
-                    cancelled = True
+                lives = list(self._live.items())
+            for key, live in lives:
+                # Asked under the lock, and only while the request is still registered: once
+                # its final response is out Triton releases the request, and is_cancelled() on
+                # a released request reads freed memory (the stub crashed so).
+                with self._live_lock:
+                    if self._live.get(key) is not live or live.cancelled.is_set():
+                        continue
+                    try:
+                        cancelled = bool(live.request.is_cancelled())
+                    except Exception:
+                        cancelled = True
                 if cancelled:
                     live.cancelled.set()
                     self.pool.submit(triton_io.send_stop, self.engine, live.stop_id())
@@ -188,6 +192,12 @@ class TritonPythonModel:
         with self._live_lock:
             self._live[key] = live
         sent_final = False
+        final_error: Any = None  # sent once the request is out of the watchdog's reach
+
+        def unregister() -> None:
+            with self._live_lock:
+                self._live.pop(key, None)
+
         try:
             responses = pb_utils.InferenceRequest(
                 model_name=self.engine, request_id=request_id, inputs=engine_inputs,
@@ -197,7 +207,7 @@ class TritonPythonModel:
                 if response.has_error():
                     if live.cancelled.is_set():
                         break
-                    send(None, triton_io.forwarded_error(response.error()))
+                    final_error = triton_io.forwarded_error(response.error())
                     sent_final = True
                     break
                 tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
@@ -207,7 +217,7 @@ class TritonPythonModel:
                     live.key = int(tensors["request_key"].reshape(-1)[0])
                 error = str(scalar(tensors.get("error"), "") or "")
                 if error:  # failed after streaming (the engine reports it in-band)
-                    send(None, triton_io.tagged_error_response(error))
+                    final_error = triton_io.tagged_error_response(error)
                     sent_final = True
                     break
                 post_in = {
@@ -224,7 +234,10 @@ class TritonPythonModel:
                 send(result.arrays())
                 if result.finish_reason:
                     sent_final = True
-            if live.cancelled.is_set() and not sent_final:
+            unregister()
+            if final_error is not None:
+                send(None, final_error)
+            elif live.cancelled.is_set() and not sent_final:
                 send(None, triton_io.error_response(ErrorKind.CANCELLED, "request cancelled"))
             elif not sent_final:
                 with self._post_lock:
@@ -236,8 +249,7 @@ class TritonPythonModel:
                     }, request_id)
                 send(result.arrays())
         finally:
-            with self._live_lock:
-                self._live.pop(key, None)
+            unregister()
             if live.cancelled.is_set():
                 with self._post_lock:
                     self.post.forget({"engine_request_key": np.array([[live.key]], dtype=np.uint64)},

@@ -87,14 +87,19 @@ class TritonPythonModel:
             with self._lock:
                 lives = list(self._live.items())
             for forwarded_id, (request, mark) in lives:
-                try:
-                    cancelled = bool(request.is_cancelled()) or (mark is not None and os.path.exists(mark))
-                except Exception:
-                    cancelled = True
+                # Asked under the lock, and only while execute still holds the request: once
+                # execute has returned its response Triton releases the request, and
+                # is_cancelled() on a released request reads freed memory (the stub crashed so).
+                with self._lock:
+                    if forwarded_id not in self._live:
+                        continue
+                    try:
+                        cancelled = bool(request.is_cancelled()) or (mark is not None and os.path.exists(mark))
+                    except Exception:
+                        cancelled = True
+                    if cancelled:
+                        del self._live[forwarded_id]
                 if cancelled:
-                    with self._lock:
-                        if self._live.pop(forwarded_id, None) is None:
-                            continue
                     if self.engine:
                         self._stops.submit(triton_io.send_stop, self.engine, forwarded_id)
 
