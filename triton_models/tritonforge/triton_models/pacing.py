@@ -3,8 +3,8 @@
 Every ``request.is_cancelled()`` and every custom-metric update is a message from the stub
 process to tritonserver and back: a wake-up of a stub thread and of a server thread. On a
 small CPU machine those wake-ups preempt vLLM's OpenMP threads, so their number per second,
-not per request, is what costs throughput. The engine model and postprocessing pace them by
-the functions here (one definition for both).
+not per request, is what costs throughput. The engine model and postprocessing pace their
+cancellation checks, and the engine model its scheduler gauges, by what is defined here.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ CANCEL_CHECK_MAX_SECONDS: Final = 1.0
 """... but never less often than this per request: a client that left is noticed within it."""
 
 GAUGE_MIN_SECONDS: Final = 0.25
-"""A gauge that moves every engine step (KV-cache usage) is sent at most this often; a gauge
-whose new value is 0 (the engine went idle) goes out at once."""
+"""The engine gauges, whose KV-cache usage moves every engine step, are sent at most this
+often; they go out at once when running or waiting change, or when all turn 0 (idle)."""
 
 
 def cancel_check_seconds(live: int) -> float:
