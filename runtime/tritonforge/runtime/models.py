@@ -100,7 +100,7 @@ def resolve_model(ref: str, *, prepare: bool = True, progress: Progress | None =
             return out
         if not prepare:
             raise ModelError(f"model {ref!r} is not prepared yet; run `tritonforge serve` once")
-        _convert_gguf(_packaged_file(ref), out, progress or (lambda _msg: None))
+        _prepare_once(_packaged_file(ref), out, progress or (lambda _msg: None))
         return out
     else:
         path = Path(os.path.expanduser(ref))
@@ -127,8 +127,25 @@ def resolve_model(ref: str, *, prepare: bool = True, progress: Progress | None =
         return out
     if not prepare:
         raise ModelError(f"model {ref!r} is not prepared yet; run `tritonforge serve` once")
-    _convert_gguf(gguf, out, progress or (lambda _msg: None))
+    _prepare_once(gguf, out, progress or (lambda _msg: None))
     return out
+
+
+def _prepare_once(gguf: Path, out: Path, progress: Progress) -> None:
+    """Convert ``gguf`` into ``out`` unless another process did it while this one waited.
+
+    Every Python model of a repository resolves its model when tritonserver loads them side by
+    side, so on a cold cache several stub processes get here at once. Without the lock each
+    converted and the later ones deleted the folder the earlier ones were already reading (a
+    server started straight from the repository failed to load with a missing tokenizer).
+    """
+    from filelock import FileLock
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f"{out.name}.lock")):
+        if is_prepared(out):
+            return
+        _convert_gguf(gguf, out, progress)
 
 
 def _convert_gguf(gguf: Path, out: Path, progress: Progress) -> None:
