@@ -19,6 +19,7 @@ CHILD = r"""
 import json, os, sys, time
 from pathlib import Path
 go = Path(sys.argv[1])
+Path(sys.argv[2]).touch()  # imported and at the gate
 while not go.exists():
     time.sleep(0.01)
 from tritonforge.runtime.models import resolve_model
@@ -35,9 +36,13 @@ def test_concurrent_first_preparation_converts_once_and_every_process_loads(tmp_
     cache = tmp_path / "cache"
     go = tmp_path / "go"
     env = {**os.environ, "TRITONFORGE_CACHE": str(cache)}
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(go)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    time.sleep(3)  # let all three import and wait at the gate
+    ready = [tmp_path / f"ready-{i}" for i in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(go), str(r)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in ready]
+    deadline = time.monotonic() + 300
+    while not all(r.exists() for r in ready):  # all three at the gate, then released together
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a process died before the gate"
+        time.sleep(0.05)
     go.touch()
     outs = []
     for p in procs:
