@@ -100,7 +100,7 @@ def resolve_model(ref: str, *, prepare: bool = True, progress: Progress | None =
             return out
         if not prepare:
             raise ModelError(f"model {ref!r} is not prepared yet; run `tritonforge serve` once")
-        _prepare_once(_packaged_file(ref), out, progress or (lambda _msg: None))
+        _prepare_once(_packaged_file(ref), out, progress)
         return out
     else:
         path = Path(os.path.expanduser(ref))
@@ -127,12 +127,13 @@ def resolve_model(ref: str, *, prepare: bool = True, progress: Progress | None =
         return out
     if not prepare:
         raise ModelError(f"model {ref!r} is not prepared yet; run `tritonforge serve` once")
-    _prepare_once(gguf, out, progress or (lambda _msg: None))
+    _prepare_once(gguf, out, progress)
     return out
 
 
-def _prepare_once(gguf: Path, out: Path, progress: Progress) -> None:
-    """Convert ``gguf`` into ``out`` unless another process did it while this one waited.
+def _prepare_once(gguf: Path, out: Path, progress: Progress | None) -> None:
+    """Convert ``gguf`` into ``out`` unless another process did it while this one waited
+    (``progress`` hears each stage; None for silence).
 
     Every Python model of a repository resolves its model when tritonserver loads them side by
     side, so on a cold cache several stub processes get here at once. Without the lock each
@@ -145,7 +146,7 @@ def _prepare_once(gguf: Path, out: Path, progress: Progress) -> None:
     with FileLock(str(out.parent / f"{out.name}.lock")):
         if is_prepared(out):
             return
-        _convert_gguf(gguf, out, progress)
+        _convert_gguf(gguf, out, progress or (lambda _msg: None))
 
 
 def _convert_gguf(gguf: Path, out: Path, progress: Progress) -> None:
