@@ -25,10 +25,12 @@ that many tokens. The token count is checked on every request (Triton: the sum o
 responses' ``num_output_tokens``; OpenAI: ``usage.completion_tokens``); a side that generated a
 different number of tokens stops the run. Output tok/s = all output tokens / the level's wall
 time; TTFT = request sent -> first non-empty text. Printed: medians over repeats with min-max,
-TTFT p50/p95 (medians), the 1-minute load average per level, the CPU the whole serving side
-used per output token (user + system seconds of every process of the server's tree, read from
-/proc: the operating system's account, so a gap in tok/s at equal CPU per token is scheduling,
-not work), and the ratios against each vLLM side.
+TTFT p50/p95 (medians), the 1-minute load average per level, the host CPU per output token
+(user + system seconds, read from /proc, of every process of the serving side's tree except
+vLLM's own ``VLLM::`` engine processes: tritonserver, its model stubs, the HTTP front and the
+gateway, or ``vllm serve``'s API server; the engine's processes are left out because their
+threads spin and fill whatever cores are free, so their CPU says nothing about work), and the
+ratios against each vLLM side.
 
     python benchmarks/bench_peer.py                                  # all four sides, 3 repeats
     python benchmarks/bench_peer.py --sides triton vllm-spec --levels 1 8 --repeats 3
@@ -82,11 +84,11 @@ class Run:
     tokens: int
     ttft_ms: list[float] = field(default_factory=list)
     load_1m: float = 0.0
-    cpu_s: float = 0.0  # CPU seconds of the serving side's process trees during the run
+    host_cpu_s: float = 0.0  # CPU seconds of the serving side's non-engine processes during the run
 
     @property
-    def cpu_ms_per_tok(self) -> float:
-        return self.cpu_s / self.tokens * 1000
+    def host_ms_per_tok(self) -> float:
+        return self.host_cpu_s / self.tokens * 1000
 
     @property
     def tok_s(self) -> float:
@@ -161,18 +163,21 @@ async def level(side: str, base: str, model: str, texts: list[str], concurrency:
     return Run(side, concurrency, len(texts), wall, sum(counts), ttfts, os.getloadavg()[0])
 
 
-def tree_cpu_s(roots: list[int]) -> float:
-    """User + system CPU seconds of ``roots`` and every process below them (/proc)."""
+def host_cpu_s(roots: list[int]) -> float:
+    """User + system CPU seconds (/proc) of ``roots`` and every process below them, except
+    vLLM's engine processes (named ``VLLM::EngineCore``, ``VLLM::Worker`` ...)."""
     from tritonforge.runtime.procfs import descendants
 
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
     for pid in {p for r in roots for p in (r, *descendants(r))}:
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue  # gone meanwhile
-        total += int(stat[11]) + int(stat[12])
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if not name.startswith("VLLM::"):
+            total += int(fields[11]) + int(fields[12])
     return total / tick
 
 
@@ -185,11 +190,11 @@ def measure(sides: list[str], bases: dict[str, str], model: str, levels: list[in
         texts = prompts(max(4, c * per_stream), in_words, seed=c)
         order = sides if (i % 2 == 0) != flip else list(reversed(sides))
         for s in (*order, *reversed(order)) if len(order) > 1 else order:
-            before = tree_cpu_s(roots)
+            before = host_cpu_s(roots)
             r = asyncio.run(level(s, bases[s], model, texts, c, out_len))
-            r.cpu_s = tree_cpu_s(roots) - before
+            r.host_cpu_s = host_cpu_s(roots) - before
             print(f"  {s:>13} c={c:<3} {r.tok_s:8.1f} tok/s  TTFT p50 {r.ttft(0.5):7.0f} ms"
-                  f"  p95 {r.ttft(0.95):7.0f} ms  CPU {r.cpu_ms_per_tok:5.2f} ms/tok  load {r.load_1m:.2f}",
+                  f"  p95 {r.ttft(0.95):7.0f} ms  host CPU {r.host_ms_per_tok:5.3f} ms/tok  load {r.load_1m:.2f}",
                   flush=True)
             runs.append(r)
     return runs
@@ -269,18 +274,18 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
                            "ttft_p50_ms": _med([r.ttft(0.5) for r in rs]),
                            "ttft_p95_ms": _med([r.ttft(0.95) for r in rs]),
                            "load_1m": _med([r.load_1m for r in rs]), "repeats": len(rs),
-                           "cpu_ms_per_tok": _med([r.cpu_ms_per_tok for r in rs]),
+                           "host_cpu_ms_per_tok": _med([r.host_ms_per_tok for r in rs]),
                            "tokens_per_run": rs[0].tokens}
     print(f"\n{args.output_len} output tokens per request (checked on every request), greedy, "
           f"{args.input_words}-word prompts, {args.per_stream} requests per stream; medians of "
           f"repeats (min-max); {os.cpu_count()} CPUs")
     print(f"{'side':>13} {'conc':>4} | {'tok/s':>7} {'(min-max)':>15} | {'TTFT p50':>8} {'p95':>7} ms"
-          f" | {'CPU ms/tok':>10} | {'load':>5} | runs")
+          f" | {'host CPU ms/tok':>15} | {'load':>5} | runs")
     for s in sides:
         for c in levels:
             t = table[s][c]
             print(f"{s:>13} {c:>4} | {t['tok_s']:7.1f} ({t['tok_s_min']:6.1f}-{t['tok_s_max']:6.1f}) |"
-                  f" {t['ttft_p50_ms']:8.0f} {t['ttft_p95_ms']:7.0f}    | {t['cpu_ms_per_tok']:10.2f} |"
+                  f" {t['ttft_p50_ms']:8.0f} {t['ttft_p95_ms']:7.0f}    | {t['host_cpu_ms_per_tok']:15.3f} |"
                   f" {t['load_1m']:5.2f} | {t['repeats']}")
     ratios: dict[str, dict[int, dict[str, float]]] = {}
     for ours in ("triton", "triton-direct", "gateway"):
