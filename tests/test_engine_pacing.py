@@ -64,3 +64,32 @@ def test_the_interval_stretches_with_load_between_its_bounds() -> None:
     assert steps[0] == pacing.CANCEL_CHECK_SECONDS and steps[-1] == pacing.CANCEL_CHECK_MAX_SECONDS
     mid = 20
     assert pacing.cancel_check_seconds(mid) == pytest.approx(mid / pacing.CANCEL_CHECKS_PER_SECOND)
+
+
+@pytest.mark.parametrize(("live", "expected"), [
+    (1, 0.0), (7, 0.0),          # below coalesce_from: every token as generated
+    (8, 0.25), (16, 0.5), (32, 1.0),  # stretched with the live streams
+    (64, 1.0), (10_000, 1.0),    # at most COALESCE_MAX_FACTOR times the spec's interval
+])
+def test_coalescing_stretches_with_live_streams_up_to_its_cap(live: int, expected: float) -> None:
+    assert pacing.COALESCE_MAX_FACTOR == 4
+    assert pacing.coalesce_interval(0.25, live, 8) == pytest.approx(expected)
+
+
+def test_no_interval_means_no_coalescing() -> None:
+    assert pacing.coalesce_interval(0.0, 1000, 8) == 0.0
+
+
+def test_the_runner_holds_a_stream_back_by_the_stretched_interval() -> None:
+    runner = E.EngineRunner(VllmAdapter("unused", {}), stream_interval_s=0.25, coalesce_from=8)  # not started
+    for key in range(1, 33):
+        runner._live[key] = E._Live(key, f"e{key}", responder=_Counting(), tokens=0)  # type: ignore[arg-type]
+    seq = E._Sequence(0, [], [])
+    seq.last_sent = 100.0
+    assert runner._hold_back(seq, 100.9)  # 32 live: 1 s
+    assert not runner._hold_back(seq, 101.0)
+    for key in range(9, 33):
+        del runner._live[key]
+    assert not runner._hold_back(seq, 100.3)  # 8 live: 0.25 s
+    seq.last_sent = None
+    assert not runner._hold_back(seq, 100.0)  # a first response never waits

@@ -121,8 +121,10 @@ class Batching(_Section):
     stream_interval_ms: int = Field(default=0, ge=0, le=10_000)
     """tritonforge's engine model (vLLM, TensorRT-LLM LLM API): once
     ``coalesce_from_streams`` requests are live, a stream's new tokens go out at most every this
-    many milliseconds, several to a response (its first and its last response never wait);
-    0: every token as it is generated. Each response crosses the engine stub, tritonserver and
+    many milliseconds, several to a response (its first and its last response never wait); with
+    more live requests the interval stretches in proportion (twice as many streams, twice the
+    interval, at most 4 times it), so the responses per second stay about the same; 0: every
+    token as it is generated. Each response crosses the engine stub, tritonserver and
     postprocessing, so under load fewer, fuller responses leave more CPU to the engine."""
 
     coalesce_from_streams: int = Field(default=8, ge=1, le=1_000_000)

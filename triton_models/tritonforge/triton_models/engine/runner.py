@@ -57,7 +57,11 @@ from tritonforge.contract import (
 )
 from tritonforge.triton_models.engine.request import EngineRequest, StopMatcher, engine_outputs
 from tritonforge.triton_models.errors import ModelError
-from tritonforge.triton_models.pacing import GAUGE_MIN_SECONDS, cancel_check_seconds
+from tritonforge.triton_models.pacing import (
+    GAUGE_MIN_SECONDS,
+    cancel_check_seconds,
+    coalesce_interval,
+)
 
 __all__ = ["Delta", "EngineAdapter", "EngineCounts", "EngineRunner", "Responder", "SchedulerState"]
 
@@ -247,9 +251,10 @@ class EngineRunner:
     ) -> None:
         self.adapter = adapter
         # Coalescing of streamed deltas: once at least ``coalesce_from`` requests are live, a
-        # sequence's tokens go out at most every ``stream_interval_s`` (its first response and
-        # its last never wait): each response crosses the engine stub, tritonserver and
-        # postprocessing, so under load fewer, fuller responses leave more CPU to the engine.
+        # sequence's tokens go out at most every ``stream_interval_s``, stretched with the live
+        # requests (pacing.coalesce_interval; its first response and its last never wait): each
+        # response crosses the engine stub, tritonserver and postprocessing, so under load
+        # fewer, fuller responses leave more CPU to the engine.
         self.stream_interval_s = stream_interval_s
         self.coalesce_from = max(1, coalesce_from)
         self.max_queue_size = max_queue_size
@@ -419,10 +424,10 @@ class EngineRunner:
 
     def _hold_back(self, seq: _Sequence, now: float) -> bool:
         """Whether ``seq``'s pending tokens wait for the next delta (coalescing, see
-        ``stream_interval_s``): never its first response."""
-        return (self.stream_interval_s > 0 and seq.last_sent is not None
-                and len(self._live) >= self.coalesce_from
-                and now - seq.last_sent < self.stream_interval_s)
+        ``pacing.coalesce_interval``): never its first response."""
+        return (seq.last_sent is not None
+                and now - seq.last_sent < coalesce_interval(self.stream_interval_s, len(self._live),
+                                                            self.coalesce_from))
 
     def _update_gauges(self) -> None:
         """Running/waiting/KV gauges: the engine scheduler's own report when the adapter has
@@ -692,3 +697,4 @@ class EngineRunner:
                     if generated > 1:
                         self.metrics.observe_time_per_output_token((done - first_at) / (generated - 1))
             self._update_gauges()
+
