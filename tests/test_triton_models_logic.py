@@ -313,3 +313,42 @@ def test_guides_travel_to_vllms_structured_outputs(smol_tokenizer) -> None:  # t
         assert getattr(structured_outputs(req), field) == want
     assert structured_outputs(parse_engine_inputs({k.removeprefix("out_"): v for k, v in plain.items()},
                                                   decoupled=True)) is None
+
+
+def _as_postprocessing_inputs(out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An engine response as the ensemble hands it to postprocessing (contract's map)."""
+    return {post: out[src] for post, (_, src) in contract.POSTPROCESSING_SOURCES.items() if src in out}
+
+
+def test_engine_responses_leave_defaults_out_and_postprocessing_reads_them_back(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A plain streamed response carries four tensors, not ten; whatever is left out reads
+    back as its default, so postprocessing answers exactly as for the full response."""
+    from tritonforge.triton_models.engine.request import engine_outputs
+
+    every = {t.name for t in contract.ENGINE_OUTPUTS + contract.ENGINE_EXTRA_OUTPUTS}
+    plain = {"request_key", "num_input_tokens", "output_ids", "sequence_length"}
+    assert set(engine_outputs([5], "", 3, key=9)) == plain
+    assert set(engine_outputs([5], "length", 3, key=9)) == plain | {"finish_reason"}
+    assert set(engine_outputs([5], "", 3, [-0.5], key=9, top=[[(5, -0.5)]], sequence=1)) == plain | {
+        "output_log_probs", "cum_log_probs", "top_log_probs", "sequence_index"}
+    assert set(engine_outputs([], "error", 3, key=9, error="x")) == plain | {"finish_reason", "error"}
+    assert set(engine_outputs([5], "", 3, key=9, every=True)) == every
+
+    text = "东京 🙂 is big"
+    ids = _encode(smol_tokenizer, text)
+    for asked in (False, True):
+        results = []
+        for full in (False, True):
+            post = Postprocessor(make_decoder(smol_tokenizer), end_id=smol_tokenizer.eos_token_id)
+            got = []
+            for i, tok in enumerate(ids):
+                reason = "length" if i == len(ids) - 1 else ""
+                out = engine_outputs([tok], reason, 3, [-0.25] if asked else None, key=77,
+                                     top=[[(tok, -0.25)]] if asked else None, every=full)
+                r = post.process(_as_postprocessing_inputs(out), request_id="r")
+                got.append(r)
+            assert post.open_requests == 0
+            results.append(got)
+        assert results[0] == results[1]
+        assert "".join(r.text for r in results[0]) == text and results[0][-1].finish_reason == "length"
+        assert all(r.num_input_tokens == 3 and len(r.logprobs) == asked for r in results[0])

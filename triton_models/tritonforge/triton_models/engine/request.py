@@ -195,24 +195,37 @@ class StopMatcher:
 def engine_outputs(
     ids: list[int], finish: str, n_input: int, logprobs: list[float] | None = None,
     key: int = 0, error: str = "", top: list[list[tuple[int, float]]] | None = None,
-    sequence: int = 0,
+    sequence: int = 0, *, every: bool = False,
 ) -> dict[str, np.ndarray]:
     """The engine contract's outputs for one response (one beam); ``key`` is the engine's
     own key of the request (``contract.engine_request_id``), ``error`` the tagged error of a
     request that fails after it has streamed (see ``contract.ENGINE_EXTRA_OUTPUTS``).
-    ``logprobs`` (one per id) and ``top`` (the alternatives at each id) only when asked:
-    ``output_log_probs`` is empty and ``top_log_probs`` "" otherwise; ``sequence`` is which
-    of ``num_return_sequences`` the response carries."""
-    lp = logprobs if logprobs is not None else []
-    return {
-        "sequence_index": np.array([[sequence]], dtype=np.int32),
-        "top_log_probs": np.array([[json.dumps(top).encode() if top else b""]], dtype=object),
+    ``logprobs`` (one per id) and ``top`` (the alternatives at each id) only when asked;
+    ``sequence`` is which of ``num_return_sequences`` the response carries.
+
+    An output at its default is left out -- ``finish_reason``, ``error`` and
+    ``top_log_probs`` empty, ``sequence_index`` 0, log-probabilities not asked for -- and
+    the steps that read it take absent for that default (Triton's ensemble passes an output
+    a response lacks on as an absent optional input). Each tensor of a response costs the
+    engine stub, tritonserver and postprocessing work once per streamed response, and a
+    plain stream needs four. ``every``: all ten, which the C++ backend's stand-in starts
+    from (it then drops what that backend does not send)."""
+    out = {
         "request_key": np.array([[key]], dtype=np.uint64),
-        "error": np.array([[error.encode()]], dtype=object),
         "num_input_tokens": np.array([[n_input]], dtype=np.int32),
         "output_ids": np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids)),
         "sequence_length": np.array([[len(ids)]], dtype=np.int32),
-        "cum_log_probs": np.array([[float(sum(lp))]], dtype=np.float32),
-        "output_log_probs": np.array([[lp]], dtype=np.float32).reshape(1, 1, len(lp)),
-        "finish_reason": np.array([[finish.encode()]], dtype=object),
     }
+    lp = logprobs if logprobs is not None else []
+    if every or sequence:
+        out["sequence_index"] = np.array([[sequence]], dtype=np.int32)
+    if every or top:
+        out["top_log_probs"] = np.array([[json.dumps(top).encode() if top else b""]], dtype=object)
+    if every or error:
+        out["error"] = np.array([[error.encode()]], dtype=object)
+    if every or logprobs is not None:
+        out["cum_log_probs"] = np.array([[float(sum(lp))]], dtype=np.float32)
+        out["output_log_probs"] = np.array([[lp]], dtype=np.float32).reshape(1, 1, len(lp))
+    if every or finish:
+        out["finish_reason"] = np.array([[finish.encode()]], dtype=object)
+    return out

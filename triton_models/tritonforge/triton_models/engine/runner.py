@@ -522,7 +522,7 @@ class EngineRunner:
             return False
         running = [i for i in range(req.n) if i not in seqs or not seqs[i].finish]
         for j, i in enumerate(running):
-            out = engine_outputs([], "", 0, sequence=i)
+            out = engine_outputs([], "", 0, sequence=i, every=True)
             for name in ("output_log_probs", "cum_log_probs"):
                 out.pop(name)
             responder.send(out, final=j == len(running) - 1)
@@ -581,7 +581,8 @@ class EngineRunner:
             asked = req.return_log_probs
             ids, lps, top = seq.take()
             out = engine_outputs(ids, reason, n_in, lps if asked else None, key,
-                                 top=top if asked and req.top_logprobs else None, sequence=seq.index)
+                                 top=top if asked and req.top_logprobs else None, sequence=seq.index,
+                                 every=self.cpp_outputs)
             if self.cpp_outputs:  # as the C++ backend: these only when asked for / n > 1
                 for name, sent in (("sequence_index", req.n > 1), ("output_log_probs", asked),
                                    ("cum_log_probs", asked)):
