@@ -738,7 +738,10 @@ ENGINE_OUTPUTS: Final[tuple[Tensor, ...]] = (
            "when num_return_sequences > 1: absent means 0)."),
 )
 
-# tritonforge's engine model adds outputs the C++ backend lacks. Triton ensembles refuse a
+# tritonforge's engine model leaves out of a response every output at its default (empty
+# string, sequence_index 0, log-probabilities not asked for; ``engine.request.engine_outputs``):
+# an absent output reads as that default, and the ensemble passes it on as an absent optional
+# input. tritonforge's engine model adds outputs the C++ backend lacks. Triton ensembles refuse a
 # step (or the ensemble's outputs) fed both by a decoupled model and by tensors from before
 # it (server issue 7275), so postprocessing can only read what the engine returns: these
 # carry what it needs.
