@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tritonforge.runtime.server import WEDGE_SECONDS, ServerInstall, ServerOptions, TritonServer
-from tritonforge.triton_models.stub_health import StallWatch
+from tritonforge.triton_models.stub_health import WATCH_SECONDS, StallWatch
 
 
 def _server() -> TritonServer:
@@ -72,9 +72,9 @@ def _watch(tmp_path: Path) -> tuple[StallWatch, _Stub, Path]:
 
 
 def _looks(watch: StallWatch, stub: _Stub, seconds: float, beating: bool = True) -> str | None:
-    """The watcher looking every 0.1 s while the stub runs ``seconds``."""
-    for _ in range(round(seconds / 0.1)):
-        stub.run(0.1, beating)
+    """The watcher looking every ``WATCH_SECONDS`` while the stub runs ``seconds``."""
+    for _ in range(round(seconds / WATCH_SECONDS)):
+        stub.run(WATCH_SECONDS, beating)
         if (why := watch.observe()) is not None:
             return why
     return None

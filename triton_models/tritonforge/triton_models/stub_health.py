@@ -97,17 +97,28 @@ def favour_health_thread(pid: int | None = None) -> str | None:
 # silent for a whole 1-s round while it waited on this stub: a silence this long is suspect.
 STALL_SUSPECT_SECONDS = 0.9
 HEALTH_BEAT_SECONDS = 0.3  # the health thread's period (pb_stub.cc)
-# How often the watcher looks, and how long after a stall an execute that starts still
-# counts as one the backend was waiting for (its request arrived during the stall).
-WATCH_SECONDS = 0.1
+# How often the watcher looks (once per beat: a look costs a read of /proc and a wakeup of
+# an otherwise idle stub, and a 0.9-s silence is still seen within 0.3 s), and how long
+# after a stall an execute that starts still counts as one the backend was waiting for (its
+# request arrived during the stall; one that started and ended between two looks is counted).
+WATCH_SECONDS = HEALTH_BEAT_SECONDS
 AFTER_STALL_SECONDS = 0.5
 
 
-def _beats(pid: int, tid: int) -> int:
-    """The thread's voluntary context switches: one per 300-ms sleep of the health thread."""
-    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-    line = next(ln for ln in status.splitlines() if ln.startswith("voluntary_ctxt_switches"))
-    return int(line.split()[1])
+_VOLUNTARY = b"\nvoluntary_ctxt_switches:"
+
+
+def _beat_counter(pid: int, tid: int) -> Callable[[], int]:
+    """The thread's voluntary context switches (one per 300-ms sleep of the health thread),
+    read from its ``/proc`` status file, which stays open: each look is one ``pread``."""
+    fd = os.open(f"/proc/{pid}/task/{tid}/status", os.O_RDONLY | os.O_CLOEXEC)
+
+    def beats() -> int:
+        status = os.pread(fd, 8192, 0)
+        at = status.index(_VOLUNTARY) + len(_VOLUNTARY)
+        return int(status[at:status.index(b"\n", at)])
+
+    return beats
 
 
 class StallWatch:
@@ -125,10 +136,8 @@ class StallWatch:
         self.restart_file = restart_file
         self.clock = clock
         if beats is None:
-            pid, tid = os.getpid(), health_thread()
-
-            def beats() -> int:
-                return _beats(pid, tid) if tid is not None else 0
+            tid = health_thread()
+            beats = _beat_counter(os.getpid(), tid) if tid is not None else (lambda: 0)
         self._beats: Callable[[], int] = beats
         self._lock = threading.Lock()
         self._running = 0  # executes in progress

@@ -14,6 +14,7 @@ from tritonforge.contract import STOP_REQUEST, ErrorKind, Tensor, format_error, 
 from tritonforge.triton_models.errors import ModelError
 
 __all__ = [
+    "CANCEL_POLL_SECONDS",
     "error_response",
     "exception_response",
     "fix_locale",
@@ -28,6 +29,10 @@ __all__ = [
     "tagged_error_response",
     "triton_error",
 ]
+
+# How often the ``_sync`` and BLS models ask Triton whether a live request was cancelled
+# (each ask is an IPC round trip to tritonserver); they do not poll while none is live.
+CANCEL_POLL_SECONDS = 0.05
 
 
 def prepare_stub(model: Any, args: dict[str, Any]) -> None:
