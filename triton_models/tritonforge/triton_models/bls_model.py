@@ -84,20 +84,13 @@ class TritonPythonModel:
         self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="tritonforge-bls")
         self._live: dict[int, _Live] = {}
         self._live_lock = threading.Lock()
-        self._any_live = threading.Condition(self._live_lock)  # notified when a request is registered
-        self._stopping = threading.Event()
+        self._poll = triton_io.LivePoll(self._live_lock, self._live)
         self._watchdog = threading.Thread(target=self._watch, name="tritonforge-bls-cancel", daemon=True)
         self._watchdog.start()
 
     # -- cancellation --------------------------------------------------------------------
     def _watch(self) -> None:
-        # Polls every CANCEL_POLL_SECONDS while a request is live; with none it sleeps until
-        # one is registered (an idle stub does not wake 20 times a second).
-        while True:
-            with self._any_live:
-                self._any_live.wait_for(lambda: bool(self._live) or self._stopping.is_set())
-            if self._stopping.wait(triton_io.CANCEL_POLL_SECONDS):
-                return
+        while self._poll.next_round():
             with self._live_lock:
                 lives = list(self._live.items())
             for key, live in lives:
@@ -198,7 +191,7 @@ class TritonPythonModel:
         key = id(live)
         with self._live_lock:
             self._live[key] = live
-            self._any_live.notify()
+            self._poll.registered()
         sent_final = False
         final_error: Any = None  # sent once the request is out of the watchdog's reach
 
@@ -264,7 +257,5 @@ class TritonPythonModel:
                                      request_id)
 
     def finalize(self) -> None:
-        self._stopping.set()
-        with self._any_live:
-            self._any_live.notify()
+        self._poll.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)

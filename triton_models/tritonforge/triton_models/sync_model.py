@@ -78,19 +78,12 @@ class TritonPythonModel:
         self._live: dict[str, tuple[Any, str | None]] = {}  # forwarded id -> (request, front's mark)
         self._cancel_dir = os.environ.get(CANCEL_DIR_ENV) or None
         self._lock = threading.Lock()
-        self._any_live = threading.Condition(self._lock)  # notified when a request is registered
-        self._stopping = threading.Event()
+        self._poll = triton_io.LivePoll(self._lock, self._live)
         self._stops = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tritonforge-stop")
         threading.Thread(target=self._watch, name="tritonforge-sync-cancel", daemon=True).start()
 
     def _watch(self) -> None:
-        # Polls every CANCEL_POLL_SECONDS while a request is live; with none it sleeps until
-        # one is registered (an idle stub does not wake 20 times a second).
-        while True:
-            with self._any_live:
-                self._any_live.wait_for(lambda: bool(self._live) or self._stopping.is_set())
-            if self._stopping.wait(triton_io.CANCEL_POLL_SECONDS):
-                return
+        while self._poll.next_round():
             with self._lock:
                 lives = list(self._live.items())
             for forwarded_id, (request, mark) in lives:
@@ -142,7 +135,7 @@ class TritonPythonModel:
         parts: list[dict[str, np.ndarray]] = []
         with self._lock:
             self._live[forwarded_id] = (request, mark)
-            self._any_live.notify()
+            self._poll.registered()
         try:
             for response in bls.exec(decoupled=True):
                 if response.has_error():
@@ -156,9 +149,7 @@ class TritonPythonModel:
         return triton_io.make_response(merge_responses(parts))
 
     def finalize(self) -> None:
-        self._stopping.set()
-        with self._any_live:
-            self._any_live.notify()
+        self._poll.stop()
         self._stops.shutdown(wait=True)
 
     def execute(self, requests: list[Any]) -> list[Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import locale
 import logging
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sized
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from tritonforge.triton_models.errors import ModelError
 
 __all__ = [
     "CANCEL_POLL_SECONDS",
+    "LivePoll",
     "error_response",
     "exception_response",
     "fix_locale",
@@ -33,6 +35,31 @@ __all__ = [
 # How often the ``_sync`` and BLS models ask Triton whether a live request was cancelled
 # (each ask is an IPC round trip to tritonserver); they do not poll while none is live.
 CANCEL_POLL_SECONDS = 0.05
+
+
+class LivePoll:
+    """The pacing of a cancellation watchdog over a dict of live requests guarded by ``lock``:
+    :meth:`next_round` sleeps while none is live (an idle stub does not wake), then
+    ``CANCEL_POLL_SECONDS``; :meth:`registered` (called under ``lock``) wakes it."""
+
+    def __init__(self, lock: threading.Lock, live: Sized) -> None:
+        self._any_live = threading.Condition(lock)
+        self._live = live
+        self._stopping = threading.Event()
+
+    def registered(self) -> None:
+        self._any_live.notify()
+
+    def next_round(self) -> bool:
+        """False once :meth:`stop` was called."""
+        with self._any_live:
+            self._any_live.wait_for(lambda: bool(self._live) or self._stopping.is_set())
+        return not self._stopping.wait(CANCEL_POLL_SECONDS)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._any_live:
+            self._any_live.notify()
 
 
 def prepare_stub(model: Any, args: dict[str, Any]) -> None:
