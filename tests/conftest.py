@@ -165,36 +165,43 @@ def _shared_server_wedged(handle: ServerHandle) -> str | None:
     return None
 
 
+# Fixtures that yield a ServerHandle of a server this suite started and keeps for several
+# tests (the session's shared server; the TensorRT-LLM modules' own): each is guarded alike.
+GUARDED_SERVERS = ("triton_server", "cpp", "llmapi", "lora")
+
+
 @pytest.fixture(autouse=True)
 def _shared_server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test that uses the shared server fails, with the server's own account (exit status,
-    log tail), when the server is gone; the server is then started again for the tests after
-    it (instead of dozens of bare 'connection refused'). After a test that failed, the server
-    must also still serve (``_shared_server_wedged``), else it is started again too."""
-    if "triton_server" not in request.fixturenames:
-        yield
-        return
-    handle = request.getfixturevalue("triton_server")
-    if (why := _shared_server_death(handle)) is not None:
-        _restart_shared_server(handle)
-        pytest.fail(f"before {request.node.nodeid}: {why}", pytrace=False)
-    yield
-    if (why := _shared_server_death(handle)) is not None:
-        _restart_shared_server(handle)
-        pytest.fail(f"during {request.node.nodeid}: {why}", pytrace=False)
-    if handle.server is not None:
-        # what makes ``serve`` restart a server (a model asked for it after a stall that may
-        # have broken Triton's Python backend, a dead engine, a wedged model): the same here,
-        # so that the next test does not set off what this one left
-        why, _ = handle.server.failure()  # type: ignore[attr-defined]
-        if why is not None:
-            print(f"\nafter {request.node.nodeid}: {why}; starting the shared server again")
+    """A test that uses a kept server (``GUARDED_SERVERS``) fails, with the server's own
+    account (exit status, log tail), when the server is gone; the server is then started
+    again for the tests after it (instead of dozens of bare 'connection refused'). After the
+    test, what makes ``serve`` restart a server (``TritonServer.failure``: a model asked for
+    it, a stub or engine died, a model is wedged) restarts it too; and after a test that
+    failed, the server must still serve (``_shared_server_wedged``), else it is started
+    again."""
+    handles = [request.getfixturevalue(name) for name in GUARDED_SERVERS if name in request.fixturenames]
+    for handle in handles:
+        if (why := _shared_server_death(handle)) is not None:
             _restart_shared_server(handle)
-    report = getattr(request.node, "report_call", None)
-    if (report is not None and report.failed and handle.server is not None
-            and (why := _shared_server_wedged(handle)) is not None):
-        _restart_shared_server(handle)
-        pytest.fail(f"after {request.node.nodeid}: {why}; started it again", pytrace=False)
+            pytest.fail(f"before {request.node.nodeid}: {why}", pytrace=False)
+    yield
+    for handle in handles:
+        if (why := _shared_server_death(handle)) is not None:
+            _restart_shared_server(handle)
+            pytest.fail(f"during {request.node.nodeid}: {why}", pytrace=False)
+        if handle.server is not None:
+            # what makes ``serve`` restart a server (a model asked for it after a stall that
+            # may have broken Triton's Python backend, a dead stub or engine, a wedged model):
+            # the same here, so that the next test does not set off what this one left
+            why, tail = handle.server.failure()  # type: ignore[attr-defined]
+            if why is not None:
+                print(f"\nafter {request.node.nodeid}: {why}; starting the server again\n{tail}")
+                _restart_shared_server(handle)
+        report = getattr(request.node, "report_call", None)
+        if (report is not None and report.failed and handle.server is not None
+                and (why := _shared_server_wedged(handle)) is not None):
+            _restart_shared_server(handle)
+            pytest.fail(f"after {request.node.nodeid}: {why}; started it again", pytrace=False)
 
 
 def metric(metrics_url: str, name: str, *, required: bool = False, **labels: str) -> float:

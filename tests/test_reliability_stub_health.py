@@ -9,11 +9,16 @@ class (SCHED_FIFO).
 The witnesses are the kernel's: each stub's thread scheduling policies, and which of its
 threads is the one that wakes every 300 ms while the server is idle (its voluntary context
 switches from /proc), not tritonforge's own choice of thread.
+
+A stub that died (not stalled) is not restarted by Triton for a decoupled model:
+``TritonServer.failure()`` reports it, and ``serve`` (and this suite's guard) restart the
+server.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -63,3 +68,47 @@ def test_every_stubs_health_thread_and_only_it_runs_in_the_real_time_class(trito
         woke = {tid: _switches(pid, tid) - n for tid, n in before[pid].items()}
         periodic = [tid for tid, n in woke.items() if 8 <= n <= 11]
         assert periodic == [raised[pid]], (name, raised[pid], woke)
+
+
+def test_a_decoupled_models_stub_that_died_is_reported_for_a_restart(triton_server: Any) -> None:
+    """A Python-backend stub of a decoupled model dies (SIGSEGV here; in CI the C++ path's
+    engine stand-in died mid-test and every later request of that model failed "Stub process
+    ... is not healthy"). Triton 2.51 neither restarts nor reaps it: the kernel shows the stub
+    as a zombie child of tritonserver, and a request through the ensemble fails as a server
+    error. ``TritonServer.failure()`` -- what ``serve`` restarts the server on -- then names the
+    instance and how it died; this suite's guard starts the shared server again on it, and the
+    next test finds it serving. Oracles: the kernel's process state and exit status of the real
+    stub, and Triton's own error."""
+    from tritonforge import contract as C
+    from tritonforge.clients import (
+        Client,
+        ModelNotReady,
+        ServerError,
+        ServerUnavailable,
+        TritonForgeError,
+    )
+
+    server = triton_server.server
+    assert server is not None, "needs the suite's own server (not TRITONFORGE_TEST_SERVER)"
+    assert server.failure()[0] is None
+    engine = [pid for pid, name in _stubs(server.process.pid).items() if name.startswith(f"{C.MODEL_VLLM_ENGINE}_0_")]
+    assert len(engine) == 1, engine
+    os.kill(engine[0], signal.SIGSEGV)
+    t0 = time.monotonic()
+    while Path(f"/proc/{engine[0]}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() - t0 < 10, "the stub did not die"
+        time.sleep(0.05)
+    try:
+        with Client(triton_server.grpc_url, model=triton_server.model, timeout=60) as client:
+            client.complete("Hello", max_tokens=4)
+    except TritonForgeError as exc:
+        assert isinstance(exc, (ServerError, ServerUnavailable, ModelNotReady)), repr(exc)
+    else:
+        raise AssertionError("a request to the model whose engine stub died succeeded")
+    why, _ = server.failure()
+    while why is None:
+        assert time.monotonic() - t0 < 30, "failure() did not report the dead stub"
+        time.sleep(0.2)
+        why, _ = server.failure()
+    assert f"{C.MODEL_VLLM_ENGINE}_0_0" in why and "SIGSEGV" in why and f"pid {engine[0]}" in why, why
+    print(f"\nengine stub SIGSEGV: reported {time.monotonic() - t0:.1f} s after: {why}")

@@ -294,8 +294,8 @@ def serve(
             con.print(f"stopped (tritonserver exit code {code})")
 
 
-# serve restarts a server that failed while serving (tritonserver exited, an engine died, or
-# a model wedged: ``TritonServer.failure``) at most this many times within this window, then gives up with the server's log.
+# serve restarts a server that failed while serving (tritonserver exited, a stub or an engine
+# died, or a model wedged: ``TritonServer.failure``) at most this many times within this window, then gives up with the server's log.
 MAX_RESTARTS = 3
 RESTART_WINDOW_SECONDS = 600.0
 

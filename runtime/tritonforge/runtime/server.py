@@ -114,6 +114,66 @@ _STUB_BINARY = b"triton_python_backend_stub"
 _STUB_NAME_ARG = 8  # argv: stub, model.py, shm region, sizes x2, parent pid, lib dir, ipc handle, NAME
 
 
+# A Python-backend stub that died while its server runs (a crash, the kernel's OOM killer):
+# Triton 2.51 restarts a dead stub only for a non-decoupled model, and only once a request
+# finds it; it never reaps one of a decoupled model (the engine, postprocessing), which stays a
+# zombie child of tritonserver while every later request of that model fails "Stub process
+# '<instance>' is not healthy" (seen in CI: the C++ path's engine stand-in, five tests in a
+# row). ``failure()`` reports a stub that has been a zombie this long (a stub that Triton
+# itself ends, at an unload, is reaped at once), so that ``serve`` starts the server again.
+DEAD_STUB_SECONDS = 2.0
+
+
+def _stub_name(pid: int) -> str | None:
+    """The instance name of a running Python-backend stub (from its argv), else None."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if len(argv) > _STUB_NAME_ARG and argv[0].endswith(_STUB_BINARY):
+        return argv[_STUB_NAME_ARG].decode("utf-8", "replace")
+    return None
+
+
+def stub_children(server_pid: int) -> dict[int, tuple[str | None, str, int]]:
+    """The Python-backend stubs among ``server_pid``'s children: pid -> (instance name, or
+    None once it has exited; state letter from /proc; its exit status as waitpid() gives it,
+    meaningful for a zombie ('Z'))."""
+    found: dict[int, tuple[str | None, str, int]] = {}
+    try:
+        tasks = list(Path(f"/proc/{server_pid}/task").iterdir())
+    except OSError:
+        return found
+    children: set[int] = set()
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            children.update(int(c) for c in (task / "children").read_text().split())
+    for child in children:
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        if not _STUB_BINARY.decode().startswith(comm):  # comm holds the first 15 characters
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        # fields[0] is field 3 (state); field 52 (exit_code) is fields[49]
+        code = int(fields[49]) if len(fields) > 49 else 0
+        found[child] = (_stub_name(child), fields[0], code)
+    return found
+
+
+def _exit_how(status: int) -> str:
+    """A waitpid() status in words."""
+    if status & 0x7F:
+        sig = status & 0x7F
+        try:
+            return f"killed by {signal.Signals(sig).name}"
+        except ValueError:
+            return f"killed by signal {sig}"
+    return f"exit code {status >> 8}"
+
+
 def stubs_waited_on(server_pid: int) -> dict[int, str]:
     """Python-backend stubs (pid -> instance name) that a thread of ``server_pid`` is
     blocked in wait4() on, read from /proc (empty where /proc does not say)."""
@@ -324,6 +384,8 @@ class TritonServer:
         self.drain_file = cache_dir() / "run" / f"drain-{options.http_port}-{os.getpid()}-{id(self):x}"
         self.restart_file = self.drain_file.with_name(self.drain_file.name.replace("drain-", "restart-", 1))
         self._progress: dict[str, tuple[float, float]] = {}  # model -> (exec count, since) (wedged())
+        self._stub_names: dict[int, str] = {}  # stub pid -> instance name, seen while it ran
+        self._zombies: dict[int, float] = {}  # stub pid -> first seen dead (dead_stub())
         self.front: subprocess.Popen[bytes] | None = None
         self.cancel_dir = self.drain_file.with_name(self.drain_file.name.replace("drain-", "cancel-", 1))
         # tritonserver's own HTTP port: the public one, or a private one behind the front.
@@ -537,10 +599,33 @@ class TritonServer:
                         f"for {now - last[1]:.0f} s while the engine is idle")
         return None
 
+    def dead_stub(self, now: float | None = None) -> str | None:
+        """Which Python-backend stub has died under the running server (see
+        ``DEAD_STUB_SECONDS``), as a sentence; None when none has. Call it regularly: the
+        instance names are learnt while the stubs run."""
+        if self.process is None or self.process.poll() is not None:
+            return None
+        now = time.monotonic() if now is None else now
+        stubs = stub_children(self.process.pid)
+        dead = {}
+        for pid, (name, state, code) in stubs.items():
+            if name is not None:
+                self._stub_names[pid] = name
+            if state in ("Z", "X"):
+                dead[pid] = code
+        self._zombies = {pid: self._zombies.get(pid, now) for pid in dead}
+        for pid, since in self._zombies.items():
+            if now - since >= DEAD_STUB_SECONDS:
+                name = self._stub_names.get(pid)
+                which = f"of model instance {name!r}" if name else "of a model"
+                return (f"the Python-backend stub {which} (pid {pid}) died ({_exit_how(dead[pid])}); "
+                        "Triton 2.51 does not restart it, and every request of that model now fails")
+        return None
+
     def failure(self) -> tuple[str | None, str]:
         """Why the running server needs a restart (None: it does not): tritonserver exited,
-        a model asked for it (the restart file, ``contract.RESTART_FILE_ENV``), an engine
-        died, or a model is wedged; and the log's tail when tritonserver is gone."""
+        a model asked for it (the restart file, ``contract.RESTART_FILE_ENV``), a
+        Python-backend stub died, an engine died, or a model is wedged; and the log's tail when tritonserver is gone."""
         proc = self.process
         if self.front is not None and proc is not None and proc.poll() is None and self.front.poll() is not None:
             return f"the HTTP front exited unexpectedly (exit code {self.front.returncode})", self.log_tail(15)
@@ -558,6 +643,8 @@ class TritonServer:
             asked = self.restart_file.read_text().strip()
             if asked:
                 return asked, ""
+        if (dead := self.dead_stub()) is not None:
+            return dead, self.log_tail(15)
         text = self._metrics_text()
         if text is None:
             return None, ""
