@@ -170,6 +170,19 @@ def _shared_server_wedged(handle: ServerHandle) -> str | None:
 GUARDED_SERVERS = ("triton_server", "cpp", "llmapi", "lora")
 
 
+def _handle_of(value: object) -> ServerHandle:
+    """The ServerHandle a guarded fixture yields: the value itself, or the first ServerHandle
+    of the tuple a module's fixture yields with it (``llmapi``: handle, record; ``lora``:
+    handle, adapter ids, rows)."""
+    if isinstance(value, ServerHandle):
+        return value
+    if isinstance(value, tuple):
+        for part in value:
+            if isinstance(part, ServerHandle):
+                return part
+    raise TypeError(f"a guarded fixture yielded {type(value).__name__}, not a ServerHandle")
+
+
 @pytest.fixture(autouse=True)
 def _shared_server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that uses a kept server (``GUARDED_SERVERS``) fails, with the server's own
@@ -179,7 +192,7 @@ def _shared_server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
     it, a stub or engine died, a model is wedged) restarts it too; and after a test that
     failed, the server must still serve (``_shared_server_wedged``), else it is started
     again."""
-    handles = [request.getfixturevalue(name) for name in GUARDED_SERVERS if name in request.fixturenames]
+    handles = [_handle_of(request.getfixturevalue(name)) for name in GUARDED_SERVERS if name in request.fixturenames]
     for handle in handles:
         if (why := _shared_server_death(handle)) is not None:
             _restart_shared_server(handle)
