@@ -14,6 +14,10 @@ Sides (one server at a time, never two):
                         model preloads (tcmalloc, ``runtime.preload``), i.e. identical engine
                         settings; ``vllm-defaults`` runs as a user starts it, with neither.
 
+Both ``vllm serve`` sides keep vLLM's statistics on (its default; earlier runs passed
+``--disable-log-stats``): tritonforge's engine model runs vLLM with statistics on too, for its
+metrics, so a peer without them did less work per step than the side it was compared with.
+
 ``triton``, ``triton-direct`` and ``gateway`` share one server visit; the two ``vllm`` sides are a visit each.
 Visits run forward, then reversed, then forward ... (A B C, C B A, A B C for three repeats), so
 a drift of the machine during the run falls on every side alike. Inside a visit each level runs
@@ -249,7 +253,7 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
         env["LD_PRELOAD"] = with_tcmalloc(env.get("LD_PRELOAD", ""))
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
             "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
-            "--disable-log-stats", *flags]
+            *flags]
     log = logs / f"bench-peer-{name}.log"
     print(f"starting {name}: vllm serve {' '.join(flags) or '(its defaults)'}", flush=True)
     with process(argv, env, log) as proc:
