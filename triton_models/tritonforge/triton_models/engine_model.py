@@ -1,8 +1,8 @@
 """Triton adapter of the engine skeleton (the engine model's generated model.py imports it).
 
 Decoupled: ``execute`` hands each request to the runner and returns at once; responses are
-made on the engine's loop thread and sent, in order, by one sender thread (``_Sends``)
-through the request's response sender, the last one flagged final. A request with ``stop=true`` cancels the live request(s) carrying the same
+sent from the engine's loop thread through the request's response sender, the last one
+flagged final. A request with ``stop=true`` cancels the live request(s) carrying the same
 request id, as with the TensorRT-LLM backend. Non-decoupled (streaming off in the spec):
 ``execute`` waits for each request's single response.
 
@@ -25,9 +25,7 @@ once every sequence has ended). The tokens are real vLLM's, on this CPU.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import queue
 import threading
 from pathlib import Path
 from typing import Any
@@ -51,63 +49,25 @@ __all__ = ["TritonPythonModel"]
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-class _Sends:
-    """One thread that sends every decoupled response of this model, in the order given.
-
-    ``ResponseSender.send`` waits (GIL released) until tritonserver has taken the response
-    -- measured 1.3-1.6 ms per response on this 2-core machine, with ``make_response`` 0.11 ms
-    -- and while the engine's event loop sent them itself, that wait was time the loop could
-    not feed vLLM or read its outputs. Triton's own vLLM backend sends from a response thread
-    for the same reason. One FIFO thread keeps each request's responses in order (the final
-    one last). A response that cannot be sent (the request is gone) is logged, not raised:
-    the runner's cancellation watchdog ends that request."""
-
-    _STOP = object()
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="tritonforge-sends", daemon=True)
-        self._thread.start()
-
-    def put(self, sender: Any, outputs: dict[str, np.ndarray] | None, error: Any, final: bool) -> None:
-        self._queue.put((sender, outputs, error, final))
-
-    def _run(self) -> None:
-        log = logging.getLogger("tritonforge.engine")
-        while (item := self._queue.get()) is not self._STOP:
-            sender, outputs, error, final = item
-            try:
-                response = triton_io.make_response(outputs) if outputs is not None else error
-                sender.send(response, flags=_FINAL if final else 0)
-            except Exception as exc:  # noqa: BLE001 - the request is gone on the server side
-                log.warning("a response could not be sent: %s", exc)
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued, then end the thread."""
-        self._queue.put(self._STOP)
-        self._thread.join(timeout)
-
-
 class _DecoupledResponder:
-    __slots__ = ("done", "request", "sender", "sends")
+    __slots__ = ("done", "request", "sender")
 
-    def __init__(self, request: Any, sends: _Sends) -> None:
+    def __init__(self, request: Any) -> None:
         self.request = request
         self.sender = request.get_response_sender()
-        self.sends = sends
         self.done = False
 
     def send(self, outputs: dict[str, np.ndarray], final: bool) -> None:
         if self.done:
             return
         self.done = final
-        self.sends.put(self.sender, outputs, None, final)
+        self.sender.send(triton_io.make_response(outputs), flags=_FINAL if final else 0)
 
     def send_error(self, kind: ErrorKind, message: str, param: str | None = None) -> None:
         if self.done:
             return
         self.done = True
-        self.sends.put(self.sender, None, triton_io.error_response(kind, message, param), True)
+        self.sender.send(triton_io.error_response(kind, message, param), flags=_FINAL)
 
     def is_cancelled(self) -> bool:
         return bool(self.request.is_cancelled())
@@ -174,7 +134,6 @@ class TritonPythonModel:
             os.environ["LD_PRELOAD"] = with_tcmalloc(os.environ.get("LD_PRELOAD", ""))
         kind = EngineKind(params.get(Param.ENGINE_KIND.value) or EngineKind.VLLM.value)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.sends: _Sends | None = _Sends() if self.decoupled else None
         try:
             from tritonforge.triton_models.metrics import EngineMetrics
 
@@ -205,9 +164,8 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         if self.decoupled:
-            assert self.sends is not None
             for request in requests:
-                self._handle(request, _DecoupledResponder(request, self.sends))
+                self._handle(request, _DecoupledResponder(request))
             return None
         collectors = [_CollectingResponder(r) for r in requests]
         for request, c in zip(requests, collectors):
@@ -230,9 +188,6 @@ class TritonPythonModel:
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.shutdown()
-            sends = getattr(self, "sends", None)
-            if sends is not None:
-                sends.close()  # what the runner answered on its way out
             close = getattr(runner.metrics, "close", None)
             if close is not None:
                 close()  # flush, then release metrics before their families (Triton's rule)
