@@ -192,7 +192,11 @@ def _shared_server_alive(request: pytest.FixtureRequest) -> Iterator[None]:
     it, a stub or engine died, a model is wedged) restarts it too; and after a test that
     failed, the server must still serve (``_shared_server_wedged``), else it is started
     again."""
-    handles = [_handle_of(request.getfixturevalue(name)) for name in GUARDED_SERVERS if name in request.fixturenames]
+    handles = [
+        _handle_of(request.getfixturevalue(name))
+        for name in GUARDED_SERVERS
+        if name in request.fixturenames
+    ]
     for handle in handles:
         if (why := _shared_server_death(handle)) is not None:
             _restart_shared_server(handle)
