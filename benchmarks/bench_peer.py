@@ -12,7 +12,12 @@ Sides (one server at a time, never two):
 * ``vllm-spec``      -- ``vllm serve`` with the default spec's engine arguments (read from the
                         repository's engine config) and the allocator tritonforge's engine
                         model preloads (tcmalloc, ``runtime.preload``), i.e. identical engine
-                        settings; ``vllm-defaults`` runs as a user starts it, with neither.
+                        settings (on this CPU that includes running the model inside
+                        vLLM's engine-core process: ``--distributed-executor-backend uni``
+                        with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as the spec renders it);
+                        ``vllm-defaults`` runs as a user starts it, with none of these
+                        (vLLM's CPU platform then runs the model in a worker process of its
+                        own, driven by the engine core through shared memory).
 
 Both ``vllm serve`` sides keep vLLM's statistics on (its default; earlier runs passed
 ``--disable-log-stats``): tritonforge's engine model runs vLLM with statistics on too, for its
@@ -186,12 +191,12 @@ def host_cpu_s(roots: list[int]) -> float:
 
 
 def measure(sides: list[str], bases: dict[str, str], model: str, levels: list[int], per_stream: int,
-            out_len: int, in_words: int, flip: bool, roots: list[int]) -> list[Run]:
+            out_len: int, in_words: int, flip: bool, roots: list[int], min_requests: int = 16) -> list[Run]:
     runs: list[Run] = []
     for s in sides:  # warm-up: compile graphs, fill allocator pools
         asyncio.run(level(s, bases[s], model, prompts(4, in_words, seed=99), 2, out_len))
     for i, c in enumerate(levels):
-        texts = prompts(max(4, c * per_stream), in_words, seed=c)
+        texts = prompts(max(min_requests, c * per_stream), in_words, seed=c)
         order = sides if (i % 2 == 0) != flip else list(reversed(sides))
         for s in (*order, *reversed(order)) if len(order) > 1 else order:
             before = host_cpu_s(roots)
@@ -242,9 +247,11 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
             roots = [server.process.pid, *([server.front.pid] if server.front else []),
                      *([proc.pid] if "gateway" in sides else [])]
             return measure(sides, bases, model, args.levels, args.per_stream, args.output_len,
-                           args.input_words, flip, roots)
+                           args.input_words, flip, roots, args.min_requests)
     engine_args, engine_env = engine_settings(REPO)
     port = free_port()
+    if name == "vllm-defaults":  # as a user starts it: vLLM's own executor (see the docstring)
+        engine_env = {k: v for k, v in engine_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env = server_environment(find_install(), engine_env)
     flags = vllm_flags(engine_args) if name == "vllm-spec" else []
     if name == "vllm-spec":  # the engine's environment as tritonforge's engine model sets it
@@ -260,7 +267,7 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
         wait_http(f"http://127.0.0.1:{port}/v1/models", 900, proc, log)
         starts[name].append(time.monotonic() - t0)
         return measure(sides, {name: f"http://127.0.0.1:{port}"}, served, args.levels, args.per_stream,
-                       args.output_len, args.input_words, flip, [proc.pid])
+                       args.output_len, args.input_words, flip, [proc.pid], args.min_requests)
 
 
 def _med(xs: list[float]) -> float:
@@ -281,7 +288,8 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
                            "host_cpu_ms_per_tok": _med([r.host_ms_per_tok for r in rs]),
                            "tokens_per_run": rs[0].tokens}
     print(f"\n{args.output_len} output tokens per request (checked on every request), greedy, "
-          f"{args.input_words}-word prompts, {args.per_stream} requests per stream; medians of "
+          f"{args.input_words}-word prompts, {args.per_stream} requests per stream (at least "
+          f"{args.min_requests} per level); medians of "
           f"repeats (min-max); {os.cpu_count()} CPUs")
     print(f"{'side':>13} {'conc':>4} | {'tok/s':>7} {'(min-max)':>15} | {'TTFT p50':>8} {'p95':>7} ms"
           f" | {'host CPU ms/tok':>15} | {'load':>5} | runs")
@@ -317,6 +325,8 @@ def main() -> int:
     p.add_argument("--levels", nargs="+", type=int, default=[1, 8, 16, 32])
     p.add_argument("--repeats", type=int, default=3, help="visits per server (ABBA order); >= 3 for a median")
     p.add_argument("--per-stream", type=int, default=2, help="requests per concurrent stream per level")
+    p.add_argument("--min-requests", type=int, default=16,
+                   help="requests per level at least (c1 with --per-stream alone gives a TTFT p50 of a few samples)")
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--input-words", type=int, default=40)
     p.add_argument("--json", type=Path)

@@ -126,7 +126,8 @@ def test_default_repository_settings() -> None:
     assert p[C.Param.STREAM_INTERVAL_MS.value] == "250" and p[C.Param.COALESCE_FROM.value] == "8"
     assert json.loads(p[C.Param.ENGINE_ENV.value]) == {
         "VLLM_CPU_KVCACHE_SPACE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128",
-        "LRU_CACHE_CAPACITY": "128"}
+        "LRU_CACHE_CAPACITY": "128", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert args["distributed_executor_backend"] == "uni"
     assert p[C.Param.MODEL.value] == "package:smollm2-135m-instruct"
     pre = params(parse(files, C.MODEL_PREPROCESSING))
     defaults = json.loads(pre[C.Param.SAMPLING_DEFAULTS.value])
@@ -152,6 +153,22 @@ def test_cpu_primitive_cache_caps_yield_to_the_spec_env_and_stay_off_gpu() -> No
     assert overridden["LRU_CACHE_CAPACITY"] == "128"
     gpu = env({**base, "device": "gpu"})
     assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in gpu and "LRU_CACHE_CAPACITY" not in gpu
+
+
+def test_one_cpu_rank_runs_in_the_engine_core_unless_the_spec_says_otherwise() -> None:
+    def engine(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        p = params(parse(render(doc), C.MODEL_VLLM_ENGINE))
+        return json.loads(p[C.Param.ENGINE_ARGS.value]), json.loads(p[C.Param.ENGINE_ENV.value])
+
+    base = {"name": "m", "model": {"path": "/models/m"}}
+    args, env = engine(base)
+    assert args["distributed_executor_backend"] == "uni" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    for doc in ({**base, "vllm": {"engine_args": {"distributed_executor_backend": "mp"}}},
+                {**base, "parallelism": {"tensor_parallel_size": 2}},
+                {**base, "device": "gpu"}):
+        args, env = engine(doc)
+        assert args.get("distributed_executor_backend") in (None, "mp"), doc
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env, doc
 
 
 def test_ensemble_wiring_follows_the_contract() -> None:

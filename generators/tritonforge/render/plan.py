@@ -168,6 +168,14 @@ def engine_args(spec: Spec, *, include_model: bool = False) -> dict[str, Any]:
         args["max_lora_rank"] = spec.lora.max_rank
     if spec.vllm.seed is not None:
         args["seed"] = spec.vllm.seed
+    if spec.device != "gpu" and par.tensor_parallel_size * par.pipeline_parallel_size == 1:
+        # One rank on a CPU: the model runs inside vLLM's engine-core process (UniProcExecutor)
+        # instead of a worker process of its own that the engine core drives through shared
+        # memory, where each side busy-polls for the other on the cores the model computes
+        # on. Measured with benchmarks/bench_peer.py (docs in README, Measured). vLLM keeps it
+        # only with VLLM_ENABLE_V1_MULTIPROCESSING=0 (see engine_env); its AsyncLLM, which the
+        # engine model runs, keeps the engine core in a process of its own either way.
+        args["distributed_executor_backend"] = CPU_SINGLE_RANK_EXECUTOR
     for key, value in spec.vllm.engine_args.items():
         if key == "speculative_config" and isinstance(value, dict) and isinstance(args.get(key), dict):
             args[key] = {**args[key], **value}  # options beyond the speculative section's
@@ -175,6 +183,9 @@ def engine_args(spec: Spec, *, include_model: bool = False) -> dict[str, Any]:
             args[key] = value
     return args
 
+
+CPU_SINGLE_RANK_EXECUTOR = "uni"
+"""vLLM's executor for an engine of one rank on a CPU (see engine_args)."""
 
 CPU_PRIMITIVE_CACHE_CAPACITY = 128
 """oneDNN and ideep primitive cache entries in the vLLM CPU engine (see engine_env)."""
@@ -191,6 +202,11 @@ def engine_env(spec: Spec) -> dict[str, str]:
         # run unless capped (measured in docs/reliability.md, Soak). vllm.env overrides both.
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(CPU_PRIMITIVE_CACHE_CAPACITY)
         env["LRU_CACHE_CAPACITY"] = str(CPU_PRIMITIVE_CACHE_CAPACITY)
+        if engine_args(spec).get("distributed_executor_backend") == CPU_SINGLE_RANK_EXECUTOR:
+            # vLLM's CPU platform turns "uni" into its multiprocess executor unless this is 0.
+            # It is read by vLLM's synchronous LLMEngine (not used by the engine model) and when
+            # the engine's configuration is built; AsyncLLM starts its engine core either way.
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if spec.parallelism.gpu_device_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.parallelism.gpu_device_ids))
     env.update(spec.vllm.env)
