@@ -17,7 +17,12 @@ Sides (one server at a time, never two):
                         with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as the spec renders it);
                         ``vllm-defaults`` runs as a user starts it, with none of these
                         (vLLM's CPU platform then runs the model in a worker process of its
-                        own, driven by the engine core through shared memory).
+                        own, driven by the engine core through shared memory) and with
+                        vLLM's own OpenMP placement: ``server_environment``'s
+                        ``VLLM_CPU_OMP_THREADS_BIND=nobind`` is removed, so vLLM's "auto"
+                        keeps one core for its engine core and pins the model's threads to
+                        the others; the only variable it gets is ``VLLM_CPU_KVCACHE_SPACE``,
+                        which vLLM's CPU backend needs to start.
 
 Both ``vllm serve`` sides keep vLLM's statistics on (its default; earlier runs passed
 ``--disable-log-stats``): tritonforge's engine model runs vLLM with statistics on too, for its
@@ -222,7 +227,7 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
 
         from tritonforge.runtime.server import ServerOptions, TritonServer
 
-        opts = ServerOptions(repository=REPO, http_port=free_port(), grpc_port=free_port(),
+        opts = ServerOptions(repository=args.repository, http_port=free_port(), grpc_port=free_port(),
                              metrics_port=free_port(), log_file=logs / "bench-peer-triton.log", front=True)
         server = TritonServer(opts)
         print("starting tritonserver (the default repository) ...", flush=True)
@@ -248,11 +253,13 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
                      *([proc.pid] if "gateway" in sides else [])]
             return measure(sides, bases, model, args.levels, args.per_stream, args.output_len,
                            args.input_words, flip, roots, args.min_requests)
-    engine_args, engine_env = engine_settings(REPO)
+    engine_args, engine_env = engine_settings(args.repository)
     port = free_port()
-    if name == "vllm-defaults":  # as a user starts it: vLLM's own executor (see the docstring)
-        engine_env = {k: v for k, v in engine_env.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    if name == "vllm-defaults":  # as a user starts it (see the docstring): only the KV cache size
+        engine_env = {k: v for k, v in engine_env.items() if k == "VLLM_CPU_KVCACHE_SPACE"}
     env = server_environment(find_install(), engine_env)
+    if name == "vllm-defaults":  # vLLM's own OpenMP thread placement, not tritonforge's "nobind"
+        env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
     flags = vllm_flags(engine_args) if name == "vllm-spec" else []
     if name == "vllm-spec":  # the engine's environment as tritonforge's engine model sets it
         from tritonforge.runtime.preload import with_tcmalloc
@@ -290,7 +297,7 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
     print(f"\n{args.output_len} output tokens per request (checked on every request), greedy, "
           f"{args.input_words}-word prompts, {args.per_stream} requests per stream (at least "
           f"{args.min_requests} per level); medians of "
-          f"repeats (min-max); {os.cpu_count()} CPUs")
+          f"repeats (min-max); {os.cpu_count()} CPUs; repository {args.repository}")
     print(f"{'side':>13} {'conc':>4} | {'tok/s':>7} {'(min-max)':>15} | {'TTFT p50':>8} {'p95':>7} ms"
           f" | {'host CPU ms/tok':>15} | {'load':>5} | runs")
     for s in sides:
@@ -330,12 +337,15 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--input-words", type=int, default=40)
     p.add_argument("--json", type=Path)
+    p.add_argument("--repository", type=Path, default=REPO,
+                   help="a generated vLLM repository to serve, and whose engine settings vllm-spec uses "
+                        "(default: model_repository/; its model must be the default's)")
     a = p.parse_args()
 
     from tritonforge.runtime.models import resolve_model
 
     folder = resolve_model(MODEL_REF)
-    served = ensemble_name(REPO)
+    served = ensemble_name(a.repository)
     visits = [v for v, ss in VISITS.items() if any(s in a.sides for s in ss)]
     starts: dict[str, list[float]] = {v: [] for v in visits}
     runs: list[Run] = []
