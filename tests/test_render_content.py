@@ -123,7 +123,7 @@ def test_default_repository_settings() -> None:
     assert args["enforce_eager"] is False and args["max_model_len"] == 2048
     assert args["max_num_seqs"] == 128 and args["max_num_batched_tokens"] == 2048 and "model" not in args
     assert args["enable_chunked_prefill"] is True and args["enable_prefix_caching"] is True
-    assert p[C.Param.STREAM_INTERVAL_MS.value] == "250" and p[C.Param.COALESCE_FROM.value] == "8"
+    assert p[C.Param.STREAM_INTERVAL_MS.value] == "250" and p[C.Param.COALESCE_FROM.value] == "4"
     assert json.loads(p[C.Param.ENGINE_ENV.value]) == {
         "VLLM_CPU_KVCACHE_SPACE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128",
         "LRU_CACHE_CAPACITY": "128", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -59,7 +59,7 @@ def test_default_spec_values() -> None:
     assert spec.name == "smollm2" and spec.device == "cpu" and not spec.vllm.enforce_eager
     assert spec.model.max_model_len == 2048 and spec.batching.max_num_seqs == 128
     assert spec.batching.chunked_prefill and spec.kv_cache.prefix_caching
-    assert spec.batching.stream_interval_ms == 250 and spec.batching.coalesce_from_streams == 8
+    assert spec.batching.stream_interval_ms == 250 and spec.batching.coalesce_from_streams == 4
     assert spec.kv_cache.cpu_space_gib == 1 and spec.defaults.max_tokens == 128
 
 
