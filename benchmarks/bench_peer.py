@@ -230,7 +230,7 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
         opts = ServerOptions(repository=args.repository, http_port=free_port(), grpc_port=free_port(),
                              metrics_port=free_port(), log_file=logs / "bench-peer-triton.log", front=True)
         server = TritonServer(opts)
-        print("starting tritonserver (the default repository) ...", flush=True)
+        print(f"starting tritonserver ({args.repository}) ...", flush=True)
         server.start()
         with contextlib.ExitStack() as stack:
             stack.callback(server.stop)
@@ -255,11 +255,13 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
                            args.input_words, flip, roots, args.min_requests)
     engine_args, engine_env = engine_settings(args.repository)
     port = free_port()
-    if name == "vllm-defaults":  # as a user starts it (see the docstring): only the KV cache size
-        engine_env = {k: v for k, v in engine_env.items() if k == "VLLM_CPU_KVCACHE_SPACE"}
-    env = server_environment(find_install(), engine_env)
-    if name == "vllm-defaults":  # vLLM's own OpenMP thread placement, not tritonforge's "nobind"
+    if name == "vllm-defaults":  # as a user starts it (see the docstring): only the KV cache size,
+        # and vLLM's own OpenMP thread placement rather than server_environment's "nobind"
+        env = server_environment(find_install(), {k: v for k, v in engine_env.items()
+                                                  if k == "VLLM_CPU_KVCACHE_SPACE"})
         env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    else:
+        env = server_environment(find_install(), engine_env)
     flags = vllm_flags(engine_args) if name == "vllm-spec" else []
     if name == "vllm-spec":  # the engine's environment as tritonforge's engine model sets it
         from tritonforge.runtime.preload import with_tcmalloc
