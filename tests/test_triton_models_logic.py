@@ -7,6 +7,7 @@ streaming detokenization.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -18,7 +19,7 @@ from tritonforge.contract import SAMPLING_DEFAULTS, EngineKind, pre_output
 from tritonforge.triton_models.detokenize import IncrementalDetokenizer, make_decoder
 from tritonforge.triton_models.engine import StopMatcher, from_word_list, parse_engine_inputs
 from tritonforge.triton_models.errors import RequestError
-from tritonforge.triton_models.postprocess import Postprocessor
+from tritonforge.triton_models.postprocess import Postprocessor, PostResult
 from tritonforge.triton_models.preprocess import Preprocessor, PreprocessSettings, to_word_list
 
 TEXTS = [
@@ -321,18 +322,26 @@ def _as_postprocessing_inputs(out: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 
 def test_engine_responses_leave_defaults_out_and_postprocessing_reads_them_back(smol_tokenizer) -> None:  # type: ignore[no-untyped-def]
-    """A plain streamed response carries four tensors, not ten; whatever is left out reads
-    back as its default, so postprocessing answers exactly as for the full response."""
+    """A plain streamed response carries three tensors, not ten (the prompt length comes with
+    the finish reason); whatever is left out reads back as its default, so postprocessing
+    answers exactly as for the full response -- and itself sends two of its seven outputs
+    before a sequence's last response, all seven on it."""
     from tritonforge.triton_models.engine.request import engine_outputs
 
     every = {t.name for t in contract.ENGINE_OUTPUTS + contract.ENGINE_EXTRA_OUTPUTS}
-    plain = {"request_key", "num_input_tokens", "output_ids", "sequence_length"}
+    plain = {"request_key", "output_ids", "sequence_length"}
     assert set(engine_outputs([5], "", 3, key=9)) == plain
-    assert set(engine_outputs([5], "length", 3, key=9)) == plain | {"finish_reason"}
+    assert set(engine_outputs([5], "length", 3, key=9)) == plain | {"finish_reason", "num_input_tokens"}
     assert set(engine_outputs([5], "", 3, [-0.5], key=9, top=[[(5, -0.5)]], sequence=1)) == plain | {
         "output_log_probs", "cum_log_probs", "top_log_probs", "sequence_index"}
-    assert set(engine_outputs([], "error", 3, key=9, error="x")) == plain | {"finish_reason", "error"}
+    assert set(engine_outputs([], "error", 3, key=9, error="x")) == plain | {
+        "finish_reason", "error", "num_input_tokens"}
     assert set(engine_outputs([5], "", 3, key=9, every=True)) == every
+    ensemble = {t.name for t in contract.ENSEMBLE_OUTPUTS}
+    assert set(PostResult("a", "", -1, 1).arrays()) == {"text_output", "num_output_tokens"}
+    assert set(PostResult("a", "", -1, 1, (-0.5,), "[]", 2).arrays()) == {
+        "text_output", "num_output_tokens", "sequence_index", "output_log_probs", "output_top_log_probs"}
+    assert set(PostResult("a", "stop", 3, 1).arrays()) == ensemble
 
     text = "东京 🙂 is big"
     ids = _encode(smol_tokenizer, text)
@@ -349,6 +358,10 @@ def test_engine_responses_leave_defaults_out_and_postprocessing_reads_them_back(
                 got.append(r)
             assert post.open_requests == 0
             results.append(got)
-        assert results[0] == results[1]
-        assert "".join(r.text for r in results[0]) == text and results[0][-1].finish_reason == "length"
-        assert all(r.num_input_tokens == 3 and len(r.logprobs) == asked for r in results[0])
+        plain, full = results
+        assert [r.arrays().keys() for r in plain] == [r.arrays().keys() for r in full]
+        assert [dataclasses.replace(r, num_input_tokens=0) for r in plain] == [
+            dataclasses.replace(r, num_input_tokens=0) for r in full]
+        assert "".join(r.text for r in plain) == text and plain[-1].finish_reason == "length"
+        assert plain[-1].num_input_tokens == full[-1].num_input_tokens == 3
+        assert all(len(r.logprobs) == asked for r in plain)

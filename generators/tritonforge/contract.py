@@ -678,8 +678,11 @@ ENSEMBLE_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("text_output", DType.STRING, (-1,), False,
            "Generated text of this response: the delta when streaming, all of it otherwise."),
     Tensor("finish_reason", DType.STRING, (1,), False,
-           'Empty while streaming; "stop", "length" or "cancelled" on the last response.'),
-    Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
+           '"stop", "length" or "cancelled" on a sequence\'s last response, which carries all '
+           'seven outputs; the responses before it carry text_output and num_output_tokens, '
+           'plus sequence_index when not 0 and the log-probabilities when asked for (an absent '
+           'output reads as its default: empty, 0).'),
+    Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens (on the last response)."),
     Tensor("num_output_tokens", DType.INT32, (1,), False, "Tokens carried by this response."),
     Tensor("sequence_index", DType.INT32, (1,), False,
            "Which of the num_return_sequences sequences (from 0) this response carries; each "
@@ -739,7 +742,8 @@ ENGINE_OUTPUTS: Final[tuple[Tensor, ...]] = (
 )
 
 # tritonforge's engine model leaves out of a response every output at its default (empty
-# string, sequence_index 0, log-probabilities not asked for; ``engine.request.engine_outputs``):
+# string, sequence_index 0, log-probabilities not asked for) and sends num_input_tokens only
+# with a finish reason (``engine.request.engine_outputs``):
 # an absent output reads as that default, and the ensemble passes it on as an absent optional
 # input. tritonforge's engine model adds outputs the C++ backend lacks. Triton ensembles refuse a
 # step (or the ensemble's outputs) fed both by a decoupled model and by tensors from before
@@ -747,7 +751,7 @@ ENGINE_OUTPUTS: Final[tuple[Tensor, ...]] = (
 # carry what it needs.
 ENGINE_EXTRA_OUTPUTS: Final[tuple[Tensor, ...]] = (
     Tensor("finish_reason", DType.STRING, (1,), False, "Set on the last response."),
-    Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens."),
+    Tensor("num_input_tokens", DType.INT32, (1,), False, "Prompt length in tokens (with finish_reason)."),
     Tensor("request_key", DType.UINT64, (1,), False,
            "The engine's own key of the request (see engine_request_id)."),
     Tensor("error", DType.STRING, (1,), False,

@@ -8,6 +8,7 @@ until Ctrl-C / SIGTERM, then stop everything (the server's whole process group).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import signal
 import sys
 import threading
@@ -262,8 +263,11 @@ def serve(
         if not stop.is_set():
             con.print("serving; Ctrl-C to stop")
         restarts: list[float] = []  # when serve restarted a failed server (bounded below)
+        ticks = itertools.count()
         while not stop.is_set():
-            why, tail = server.failure()
+            # An exit or a restart file is seen within a tick; a dead stub, a dead engine or
+            # a wedge (the /proc walk and metrics scrape) within DEEP_CHECK_TICKS of them.
+            why, tail = server.failure(deep=next(ticks) % DEEP_CHECK_TICKS == 0)
             if why is not None:
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS]
@@ -297,6 +301,10 @@ def serve(
 # serve restarts a server that failed while serving (tritonserver exited, a stub or an engine
 # died, or a model wedged: ``TritonServer.failure``) at most this many times within this window, then gives up with the server's log.
 MAX_RESTARTS = 3
+# serve checks the server every 0.5 s; the checks that read /proc and scrape the metrics
+# endpoint every this many ticks (2 s): polled every tick they cost ~1 % of a core, which on a
+# 2-core machine comes out of the model's threads (benchmarks/bench_peer.py at c=1).
+DEEP_CHECK_TICKS = 4
 RESTART_WINDOW_SECONDS = 600.0
 
 

@@ -622,10 +622,12 @@ class TritonServer:
                         "Triton 2.51 does not restart it, and every request of that model now fails")
         return None
 
-    def failure(self) -> tuple[str | None, str]:
+    def failure(self, deep: bool = True) -> tuple[str | None, str]:
         """Why the running server needs a restart (None: it does not): tritonserver exited,
         a model asked for it (the restart file, ``contract.RESTART_FILE_ENV``), a
-        Python-backend stub died, an engine died, or a model is wedged; and the log's tail when tritonserver is gone."""
+        Python-backend stub died, an engine died, or a model is wedged; and the log's tail when tritonserver is gone.
+        ``deep`` False: only the first two (no /proc walk, no metrics scrape -- which cost
+        tritonserver and this process CPU the model's threads would otherwise have)."""
         proc = self.process
         if self.front is not None and proc is not None and proc.poll() is None and self.front.poll() is not None:
             return f"the HTTP front exited unexpectedly (exit code {self.front.returncode})", self.log_tail(15)
@@ -643,6 +645,8 @@ class TritonServer:
             asked = self.restart_file.read_text().strip()
             if asked:
                 return asked, ""
+        if not deep:
+            return None, ""
         if (dead := self.dead_stub()) is not None:
             return dead, self.log_tail(15)
         text = self._metrics_text()

@@ -87,15 +87,25 @@ class PostResult:
     sequence_index: int = 0
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {
+        """The response's tensors: all seven on a sequence's last response (it has a finish
+        reason); before it only ``text_output`` and ``num_output_tokens``, with
+        ``sequence_index`` when not 0 and the log-probabilities when asked for -- each
+        tensor costs tritonserver and the client work once per streamed response, and a
+        client reads an absent output as its default (``contract.ENSEMBLE_OUTPUTS``)."""
+        out = {
             "text_output": np.array([[self.text.encode("utf-8")]], dtype=object),
-            "finish_reason": np.array([[self.finish_reason.encode("utf-8")]], dtype=object),
-            "num_input_tokens": np.array([[self.num_input_tokens]], dtype=np.int32),
             "num_output_tokens": np.array([[self.num_output_tokens]], dtype=np.int32),
-            "sequence_index": np.array([[self.sequence_index]], dtype=np.int32),
-            "output_log_probs": np.array([self.logprobs], dtype=np.float32).reshape(1, len(self.logprobs)),
-            "output_top_log_probs": np.array([[self.top.encode("utf-8")]], dtype=object),
         }
+        last = bool(self.finish_reason)
+        if last:
+            out["finish_reason"] = np.array([[self.finish_reason.encode("utf-8")]], dtype=object)
+            out["num_input_tokens"] = np.array([[self.num_input_tokens]], dtype=np.int32)
+        if last or self.sequence_index:
+            out["sequence_index"] = np.array([[self.sequence_index]], dtype=np.int32)
+        if last or self.logprobs:
+            out["output_log_probs"] = np.array([self.logprobs], dtype=np.float32).reshape(1, len(self.logprobs))
+            out["output_top_log_probs"] = np.array([[self.top.encode("utf-8")]], dtype=object)
+        return out
 
 
 def scalar(arr: np.ndarray | None, default: Any = None) -> Any:

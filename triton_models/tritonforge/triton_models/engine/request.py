@@ -206,16 +206,20 @@ def engine_outputs(
     An output at its default is left out -- ``finish_reason``, ``error`` and
     ``top_log_probs`` empty, ``sequence_index`` 0, log-probabilities not asked for -- and
     the steps that read it take absent for that default (Triton's ensemble passes an output
-    a response lacks on as an absent optional input). Each tensor of a response costs the
-    engine stub, tritonserver and postprocessing work once per streamed response, and a
-    plain stream needs four. ``every``: all ten, which the C++ backend's stand-in starts
-    from (it then drops what that backend does not send)."""
+    a response lacks on as an absent optional input); ``num_input_tokens`` goes out only
+    with a finish reason (postprocessing reports it on a sequence's last response).
+    ``sequence_length`` always goes: postprocessing requires it, as TensorRT-LLM's does. Each
+    tensor of a response costs the engine stub, tritonserver and postprocessing work once
+    per streamed response, and a plain stream needs three: ``request_key``, ``output_ids``,
+    ``sequence_length``. ``every``: all ten, which the C++ backend's stand-in starts from
+    (it then drops what that backend does not send)."""
     out = {
         "request_key": np.array([[key]], dtype=np.uint64),
-        "num_input_tokens": np.array([[n_input]], dtype=np.int32),
         "output_ids": np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids)),
         "sequence_length": np.array([[len(ids)]], dtype=np.int32),
     }
+    if every or finish:
+        out["num_input_tokens"] = np.array([[n_input]], dtype=np.int32)
     lp = logprobs if logprobs is not None else []
     if every or sequence:
         out["sequence_index"] = np.array([[sequence]], dtype=np.int32)
