@@ -230,6 +230,36 @@ def test_closing_from_another_thread_raises_cancelled(clients: dict[str, Client]
                 threading.Timer(0.2, stream.close).start()
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_close_between_two_reads_raises_cancelled(triton_server: Any, clients: dict[str, Client],
+                                                     protocol: str) -> None:
+    """The end state of the race above when the close lands between two reads (or while
+    responses are already buffered): the next read raises Cancelled, it does not end the
+    stream as if it had finished. Sync and asyncio; the server's running gauge is the oracle
+    that the request was cancelled there."""
+    metrics = triton_server.metrics_url
+    assert _wait_running(metrics, lambda v: v == 0, 120) == 0, "requests left over from before"
+    stream = clients[protocol].stream(PROMPT, max_tokens=LONG, min_tokens=LONG)
+    with stream:
+        assert next(stream).index == 0
+        stream.close()
+        with pytest.raises(Cancelled):
+            next(stream)
+
+    async def main() -> None:
+        async with AsyncClient(_url(triton_server, protocol), protocol=protocol,  # type: ignore[arg-type]
+                               model=triton_server.model) as client:
+            astream = client.stream(PROMPT, max_tokens=LONG, min_tokens=LONG)
+            async with astream:
+                assert (await astream.__anext__()).index == 0
+                await astream.aclose()
+                with pytest.raises(Cancelled):
+                    await astream.__anext__()
+
+    asyncio.run(main())
+    assert _wait_running(metrics, lambda v: v == 0) == 0, "the engine still runs a closed stream's request"
+
+
 # ---------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_closed_port_is_server_unavailable(protocol: str) -> None:

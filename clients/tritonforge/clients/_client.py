@@ -89,7 +89,10 @@ def with_request_id(request: Request) -> Request:
 _END: Final = object()  # "the call ended" marker for the first-response slot
 
 
-def _cancelled(exc: TritonForgeError) -> Cancelled:
+def _cancelled(exc: TritonForgeError | None = None) -> Cancelled:
+    """What reading a stream that was closed mid-stream raises: also when the close (from
+    another thread or task) lands between two reads, or while responses were already
+    buffered -- not a silent end, which would pass for a finished stream."""
     err = Cancelled("the stream was closed while a response was being read")
     err.__cause__ = exc
     return err
@@ -178,6 +181,8 @@ class Stream:
         return self
 
     def __next__(self) -> Chunk:
+        if self._state is _State.CLOSED and self._cancelled:
+            raise _cancelled()
         if self._state in (_State.DONE, _State.CLOSED):
             raise StopIteration
         try:
@@ -201,6 +206,7 @@ class Stream:
             raise
         except BaseException:
             self.close()
+            self._cancelled = False  # ended by this error, not by a close: a later read stops
             raise
 
     @property
@@ -307,6 +313,8 @@ class AsyncStream:
         return self
 
     async def __anext__(self) -> Chunk:
+        if self._state is _State.CLOSED and self._cancelled:
+            raise _cancelled()
         if self._state in (_State.DONE, _State.CLOSED):
             raise StopAsyncIteration
         try:
@@ -330,6 +338,7 @@ class AsyncStream:
             raise
         except BaseException:
             await self.aclose()
+            self._cancelled = False  # ended by this error, not by a close: a later read stops
             raise
 
     @property
