@@ -53,11 +53,6 @@ while True:
 """
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--levels", type=int, nargs="+", default=[1])
@@ -103,9 +98,9 @@ def main() -> int:
                               if burning else None)
                     try:
                         time.sleep(0.2)
-                        before = _cpu_s(burner.pid) if burner else 0.0
+                        before = bench_peer.host_cpu_s([burner.pid]) if burner else 0.0
                         r = asyncio.run(bench_peer.level("vllm-spec", base, "peer", texts, c, a.output_len))
-                        burnt = (_cpu_s(burner.pid) - before) if burner else 0.0
+                        burnt = (bench_peer.host_cpu_s([burner.pid]) - before) if burner else 0.0
                     finally:
                         if burner is not None:
                             burner.kill()
