@@ -214,10 +214,35 @@ def measure(sides: list[str], bases: dict[str, str], model: str, levels: list[in
     return runs
 
 
+def vllm_command(name: str, folder: Path, served: str, port: int,
+                 repository: Path) -> tuple[list[str], dict[str, str], list[str]]:
+    """``vllm serve`` as side ``name`` (``vllm-defaults`` or ``vllm-spec``, see the module's
+    docstring) runs it on ``127.0.0.1:port``: its argv, its environment and the engine flags
+    taken from ``repository`` (none for ``vllm-defaults``)."""
+    from tritonforge.runtime.server import find_install, server_environment
+
+    engine_args, engine_env = engine_settings(repository)
+    if name == "vllm-defaults":  # as a user starts it (see the docstring): only the KV cache size,
+        # and vLLM's own OpenMP thread placement rather than server_environment's "nobind"
+        env = server_environment(find_install(), {k: v for k, v in engine_env.items()
+                                                  if k == "VLLM_CPU_KVCACHE_SPACE"})
+        env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        flags: list[str] = []
+    else:  # the engine's settings and environment as tritonforge's engine model sets them
+        from tritonforge.runtime.preload import with_tcmalloc
+
+        env = server_environment(find_install(), engine_env)
+        env["LD_PRELOAD"] = with_tcmalloc(env.get("LD_PRELOAD", ""))
+        flags = vllm_flags(engine_args)
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+            "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port), *flags]
+    return argv, env, flags
+
+
 def visit(name: str, sides: list[str], model: str, folder: Path, served: str, args: argparse.Namespace,
           starts: dict[str, list[float]], flip: bool) -> list[Run]:
     from tritonforge.runtime.paths import cache_dir
-    from tritonforge.runtime.server import find_install, free_port, server_environment
+    from tritonforge.runtime.server import free_port
 
     logs = cache_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -253,23 +278,8 @@ def visit(name: str, sides: list[str], model: str, folder: Path, served: str, ar
                      *([proc.pid] if "gateway" in sides else [])]
             return measure(sides, bases, model, args.levels, args.per_stream, args.output_len,
                            args.input_words, flip, roots, args.min_requests)
-    engine_args, engine_env = engine_settings(args.repository)
     port = free_port()
-    if name == "vllm-defaults":  # as a user starts it (see the docstring): only the KV cache size,
-        # and vLLM's own OpenMP thread placement rather than server_environment's "nobind"
-        env = server_environment(find_install(), {k: v for k, v in engine_env.items()
-                                                  if k == "VLLM_CPU_KVCACHE_SPACE"})
-        env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-    else:
-        env = server_environment(find_install(), engine_env)
-    flags = vllm_flags(engine_args) if name == "vllm-spec" else []
-    if name == "vllm-spec":  # the engine's environment as tritonforge's engine model sets it
-        from tritonforge.runtime.preload import with_tcmalloc
-
-        env["LD_PRELOAD"] = with_tcmalloc(env.get("LD_PRELOAD", ""))
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-            "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
-            *flags]
+    argv, env, flags = vllm_command(name, folder, served, port, args.repository)
     log = logs / f"bench-peer-{name}.log"
     print(f"starting {name}: vllm serve {' '.join(flags) or '(its defaults)'}", flush=True)
     with process(argv, env, log) as proc:
