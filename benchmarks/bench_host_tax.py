@@ -30,7 +30,7 @@ Printed: every run (tok/s, output tokens checked on every request by bench_peer'
 TTFT p50, the 1-minute load average, the burner's ms per output token -- for the floor and
 single burners, the server side's (tritonserver, its stubs and the front) and its raw-socket
 client's apart, and the responses of every floor request checked), then per level the medians
-with and without the burner and their ratio.
+with and without the burner, their ratio, and the median of each repeat's own ratio.
 
     python benchmarks/bench_host_tax.py                          # c1, 1 ms every 11.6 ms, 3 repeats
     python benchmarks/bench_host_tax.py --levels 1 32 --burn-ms 0.5 --period-ms 11.6
@@ -327,8 +327,10 @@ def main() -> int:
         off, on = statistics.median(results[(c, False)]), statistics.median(results[(c, True)])
         side = statistics.median(x for x, _ in burn_per_tok[c])
         client = statistics.median(y for _, y in burn_per_tok[c])
-        print(f"  c={c:<3} {off:7.1f} / {on:7.1f}  ratio {on / off:.3f}  burner {side:.3f}"
-              + ("" if a.burner == "busy" else f" + {client:.3f}") + " ms/tok")
+        # A repeat's two runs of a level are close in time (ABBA): their ratio is spared most drift.
+        pairs = statistics.median(x / y for x, y in zip(results[(c, True)], results[(c, False)]))
+        print(f"  c={c:<3} {off:7.1f} / {on:7.1f}  ratio {on / off:.3f} (median of each repeat's ratio "
+              f"{pairs:.3f})  burner {side:.3f}" + ("" if a.burner == "busy" else f" + {client:.3f}") + " ms/tok")
     return 0
 
 
