@@ -44,7 +44,9 @@ TTFT p50/p95 (medians), the 1-minute load average per level, the host CPU per ou
 vLLM's own ``VLLM::`` engine processes: tritonserver, its model stubs, the HTTP front and the
 gateway, or ``vllm serve``'s API server; the engine's processes are left out because their
 threads spin and fill whatever cores are free, so their CPU says nothing about work), and the
-ratios against each vLLM side.
+ratios against each vLLM side: of the medians, and the median of each repeat's own ratio (the
+two visits of a repeat are close in time, so a machine that speeds up or slows down during the
+run moves that ratio least).
 
     python benchmarks/bench_peer.py                                  # all four sides, 3 repeats
     python benchmarks/bench_peer.py --sides triton vllm-spec --levels 1 8 --repeats 3
@@ -293,6 +295,11 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def _tok_s(runs: list[Run], side: str, c: int) -> list[float]:
+    """``side``'s tok/s at level ``c``, one per repeat, in the order the repeats ran."""
+    return [r.tok_s for r in runs if r.side == side and r.concurrency == c]
+
+
 def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.Namespace,
            starts: dict[str, list[float]]) -> dict[str, Any]:
     table: dict[str, dict[int, dict[str, Any]]] = {s: {} for s in sides}
@@ -324,12 +331,16 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
             if ours in table and peer in table:
                 key = f"{ours}/{peer}"
                 ratios[key] = {c: {"tok_s": table[ours][c]["tok_s"] / table[peer][c]["tok_s"],
+                                   "tok_s_per_repeat": _med([a / b for a, b in zip(
+                                       _tok_s(runs, ours, c), _tok_s(runs, peer, c))]),
                                    "ttft_p50": table[ours][c]["ttft_p50_ms"] / table[peer][c]["ttft_p50_ms"]}
                                for c in levels}
     if ratios:
-        print("\nratios (tok/s: higher is better; TTFT p50: lower is better)")
+        print("\nratios (tok/s: higher is better, in brackets the median of each repeat's own ratio -- a "
+              "repeat visits both servers close in time, so drift spares it; TTFT p50: lower is better)")
         for key, per in ratios.items():
-            cells = "  ".join(f"c={c}: {v['tok_s']:.2f} / {v['ttft_p50']:.2f}" for c, v in per.items())
+            cells = "  ".join(f"c={c}: {v['tok_s']:.2f} ({v['tok_s_per_repeat']:.2f}) / {v['ttft_p50']:.2f}"
+                              for c, v in per.items())
             print(f"  {key:>26}  {cells}")
     print("\nserver ready after (s): " + ", ".join(
         f"{k}: {' '.join(f'{x:.0f}' for x in v)}" for k, v in starts.items() if v)
