@@ -258,6 +258,8 @@ class _Burner:
         self.proc.kill()
         out, _ = self.proc.communicate()
         self.proc = None
+        if self.kind != "busy":  # the engine streams the cut request to its end: let it, before
+            time.sleep(self.a.output_len * self.a.pace_ms / 1000)  # a run without the burner
         return [int(x) for x in out.split()]
 
     def close(self) -> None:
