@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -54,6 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_peer  # type: ignore[import-not-found]
 from bench_gateway import MODEL_REF, REPO, process, wait_http  # type: ignore[import-not-found]
+from bench_loadtest import tensor_block  # type: ignore[import-not-found]
+from tritonforge import contract
 
 _BURNER = """
 import sys, time
@@ -76,13 +79,7 @@ while True:
 _PY_CONFIG = """name: "{name}"
 backend: "python"
 max_batch_size: 0
-{decoupled}input [
-{inputs}
-]
-output [
-{outputs}
-]
-instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
+{decoupled}{tensors}instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
 parameters {{ key: "pace_ms", value: {{ string_value: "{pace_ms}" }} }}
 """
 
@@ -138,13 +135,7 @@ class TritonPythonModel:
 _ENSEMBLE_CONFIG = """name: "floor"
 platform: "ensemble"
 max_batch_size: 0
-input [
-{inputs}
-]
-output [
-{outputs}
-]
-ensemble_scheduling {{ step [
+{tensors}ensemble_scheduling {{ step [
   {{ model_name: "pre", model_version: -1,
     input_map {{ key: "text_input", value: "text_input" }}, input_map {{ key: "max_tokens", value: "max_tokens" }},
     output_map {{ key: "input_ids", value: "_ids" }}, output_map {{ key: "request_output_len", value: "_n" }} }},
@@ -159,12 +150,23 @@ ensemble_scheduling {{ step [
 """
 
 
-def _tensors(*specs: tuple[str, str, str]) -> str:
-    return ",\n".join(f'  {{ name: "{n}", data_type: {d}, dims: [ {s} ] }}' for n, d, s in specs)
+_CONTRACT = contract.by_name(contract.ENSEMBLE_INPUTS + contract.ENSEMBLE_OUTPUTS + contract.ENGINE_INPUTS
+                             + contract.ENGINE_OUTPUTS)
 
 
-_TEXT_IN = (("text_input", "TYPE_STRING", "1"), ("max_tokens", "TYPE_INT32", "1"))
-_TEXT_OUT = (("text_output", "TYPE_STRING", "-1"), ("num_output_tokens", "TYPE_INT32", "-1"))
+def _floor(*specs: tuple[str, tuple[int, ...]]) -> tuple[contract.Tensor, ...]:
+    """The contract's tensors (name, dtype) with the floor's own unbatched shapes, required."""
+    return tuple(dataclasses.replace(_CONTRACT[name], dims=dims, optional=False) for name, dims in specs)
+
+
+def _config_tensors(inputs: tuple[contract.Tensor, ...], outputs: tuple[contract.Tensor, ...]) -> str:
+    return tensor_block("input", inputs) + tensor_block("output", outputs)
+
+
+_TEXT_IN = _floor(("text_input", (1,)), ("max_tokens", (1,)))
+_TEXT_OUT = _floor(("text_output", (-1,)), ("num_output_tokens", (-1,)))
+_IDS = _floor(("input_ids", (-1,)), ("request_output_len", (1,)))
+_OUT_IDS = _floor(("output_ids", (-1,)), ("sequence_length", (1,)))
 
 
 def write_floor_repository(root: Path, pace_ms: float) -> None:
@@ -172,22 +174,17 @@ def write_floor_repository(root: Path, pace_ms: float) -> None:
     ensemble ``pre`` -> decoupled ``engine`` -> ``post`` of Python models shaped like
     tritonforge's default (one engine response per token, each through postprocessing), and
     ``single``, one decoupled Python model streaming the same responses with no ensemble."""
-    models = {
-        "pre": (_TEXT_IN, (("input_ids", "TYPE_INT32", "-1"), ("request_output_len", "TYPE_INT32", "1")), False),
-        "engine": ((("input_ids", "TYPE_INT32", "-1"), ("request_output_len", "TYPE_INT32", "1")),
-                   (("output_ids", "TYPE_INT32", "-1"), ("sequence_length", "TYPE_INT32", "1")), True),
-        "post": ((("output_ids", "TYPE_INT32", "-1"), ("sequence_length", "TYPE_INT32", "1")), _TEXT_OUT, False),
-        "single": (_TEXT_IN, _TEXT_OUT, True),
-    }
+    models = {"pre": (_TEXT_IN, _IDS, False), "engine": (_IDS, _OUT_IDS, True),
+              "post": (_OUT_IDS, _TEXT_OUT, False), "single": (_TEXT_IN, _TEXT_OUT, True)}
     for name, (inputs, outputs, decoupled) in models.items():
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_FLOOR_MODEL)
         (root / name / "config.pbtxt").write_text(_PY_CONFIG.format(
-            name=name, inputs=_tensors(*inputs), outputs=_tensors(*outputs), pace_ms=pace_ms,
+            name=name, tensors=_config_tensors(inputs, outputs), pace_ms=pace_ms,
             decoupled="model_transaction_policy { decoupled: true }\n" if decoupled else ""))
     (root / "floor" / "1").mkdir(parents=True)
     (root / "floor" / "config.pbtxt").write_text(_ENSEMBLE_CONFIG.format(
-        inputs=_tensors(*_TEXT_IN), outputs=_tensors(*_TEXT_OUT)))
+        tensors=_config_tensors(_TEXT_IN, _TEXT_OUT)))
 
 
 # The floor's client: streams generate_stream requests one after another over raw sockets

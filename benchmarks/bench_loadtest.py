@@ -169,7 +169,8 @@ class TritonPythonModel:
 '''
 
 
-def _tensor_block(kind: str, tensors: tuple[contract.Tensor, ...]) -> str:
+def tensor_block(kind: str, tensors: tuple[contract.Tensor, ...]) -> str:
+    """A config.pbtxt ``input [...]`` or ``output [...]`` block of ``tensors`` (``kind``)."""
     rows = []
     for t in tensors:
         opt = "\n    optional: true" if (kind == "input" and t.optional) else ""
@@ -186,8 +187,8 @@ def write_fast_repository(root: Path, instances: int) -> None:
     (root / FAST_MODEL / "config.pbtxt").write_text(
         f'name: "{FAST_MODEL}"\nbackend: "python"\nmax_batch_size: 8\n'
         "model_transaction_policy { decoupled: true }\n"
-        + _tensor_block("input", contract.ENSEMBLE_INPUTS)
-        + _tensor_block("output", contract.ENSEMBLE_OUTPUTS)
+        + tensor_block("input", contract.ENSEMBLE_INPUTS)
+        + tensor_block("output", contract.ENSEMBLE_OUTPUTS)
         + f"instance_group [ {{ count: {instances}, kind: KIND_CPU }} ]\n"
     )
 

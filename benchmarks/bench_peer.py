@@ -306,7 +306,7 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
     for s in sides:
         for c in levels:
             rs = [r for r in runs if r.side == s and r.concurrency == c]
-            tok = [r.tok_s for r in rs]
+            tok = _tok_s(runs, s, c)
             table[s][c] = {"tok_s": _med(tok), "tok_s_min": min(tok), "tok_s_max": max(tok),
                            "ttft_p50_ms": _med([r.ttft(0.5) for r in rs]),
                            "ttft_p95_ms": _med([r.ttft(0.95) for r in rs]),
