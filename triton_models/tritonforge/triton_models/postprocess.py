@@ -160,13 +160,12 @@ class Postprocessor:
         key = cls.request_key(inputs)
         return f"key:{key}" if key else request_id
 
-    def cancel_check_due(self, inputs: Mapping[str, np.ndarray | None], request_id: str,
-                         every: float) -> bool:
-        """Whether to ask Triton if this request was cancelled (an IPC round trip): for a
-        stream's first request, and then at most every ``every`` seconds per stream -- once a
-        client has left, Triton marks each later request of its stream cancelled, so one of
-        them is seen within ``every`` seconds."""
-        req = self._requests.get(self.state_id(inputs, request_id))
+    def cancel_check_due(self, state_id: str, every: float) -> bool:
+        """Whether to ask Triton if a request of the stream ``state_id`` (:meth:`state_id`)
+        was cancelled (an IPC round trip): for a stream's first request, and then at most
+        every ``every`` seconds per stream -- once a client has left, Triton marks each later
+        request of its stream cancelled, so one of them is seen within ``every`` seconds."""
+        req = self._requests.get(state_id)
         if req is None:
             return True
         now = time.monotonic()
@@ -241,11 +240,10 @@ class Postprocessor:
                for tok, alt in zip(ids, alts)]
         return {"logprobs": tuple(lps[: len(ids)]), "top": json.dumps(top, ensure_ascii=False)}
 
-    def _request(self, inputs: Mapping[str, np.ndarray | None], client_id: str, derive: bool) -> _Request:
-        """The request these inputs belong to (made on its first response, the facts read
+    def _request(self, rid: str, client_id: str, derive: bool) -> _Request:
+        """The request whose state is ``rid`` (made on its first response, the facts read
         then on the C++ path), most recently used last; the least recently used go past
         ``max_states``."""
-        rid = self.state_id(inputs, client_id)
         req = self._requests.get(rid)
         if req is None:
             req = _Request(rid, client_id,
@@ -285,19 +283,21 @@ class Postprocessor:
         reason = str(scalar(inputs.get("engine_finish_reason"), "") or "")
         client_id = request_id
         seq = self.sequence_index(inputs)
+        key = self.request_key(inputs)
+        rid = f"key:{key}" if key else client_id  # as state_id
         derive = (not reason and self.facts is not None and bool(client_id)
-                  and not self.request_key(inputs))  # the C++ engine: no reason, no key
+                  and not key)  # the C++ engine: no reason, no key
         if not reason and hit_end:
             reason = FinishReason.STOP.value
         n_input = int(scalar(inputs.get("engine_num_input_tokens"), -1))
 
-        if not self.state_id(inputs, client_id):
+        if not rid:
             text = self.decode(ids)
             if reason:  # a cut-off multi-byte character is dropped (see IncrementalDetokenizer)
                 text = text.rstrip("\ufffd")
             return PostResult(text, reason, n_input, len(ids), **self._logprobs(inputs, ids, lps),
                               sequence_index=seq)
-        req = self._request(inputs, client_id, derive)
+        req = self._request(rid, client_id, derive)
         state = self._sequence(req, seq)
         if req.facts is not None:
             ids, lps, reason = self._derive(req, state, raw, lps)  # end_id: the request's

@@ -96,17 +96,18 @@ class TritonPythonModel:
         for request in requests:
             try:
                 inputs = triton_io.read_inputs(request, POSTPROCESSING_INPUTS)
-                if (self.post.cancel_check_due(inputs, request.request_id(),
+                rid = request.request_id()
+                if (self.post.cancel_check_due(Postprocessor.state_id(inputs, rid),
                                                 cancel_check_seconds(self.post.open_requests))
                         and request.is_cancelled()):
                     responses.append(self._cancelled(request, inputs))
                     continue
                 error = str(scalar(inputs.get("engine_error"), "") or "")
                 if error:  # the engine failed after streaming: answer its error, last
-                    self.post.forget(inputs, request.request_id())
+                    self.post.forget(inputs, rid)
                     responses.append(triton_io.tagged_error_response(error))
                     continue
-                result = self.post.process(inputs, request.request_id())
+                result = self.post.process(inputs, rid)
                 responses.append(triton_io.make_response(result.arrays()))
             except Exception as exc:
                 responses.append(triton_io.exception_response(exc, "postprocessing"))

@@ -125,9 +125,13 @@ def model_params(args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def read_inputs(request: Any, tensors: Iterable[Tensor]) -> dict[str, np.ndarray | None]:
+    """The request's ``tensors`` by name (``None`` where absent), in one pass over its inputs
+    (``pb_utils.get_input_tensor_by_name`` walks them all for each name, and postprocessing
+    reads nine names per streamed token)."""
+    given = {t.name(): t for t in request.inputs()}
     out: dict[str, np.ndarray | None] = {}
     for t in tensors:
-        tensor = pb_utils.get_input_tensor_by_name(request, t.name)
+        tensor = given.get(t.name)
         out[t.name] = None if tensor is None else tensor.as_numpy()
     return out
 
