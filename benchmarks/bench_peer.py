@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -101,6 +102,7 @@ class Run:
     ttft_ms: list[float] = field(default_factory=list)
     load_1m: float = 0.0
     host_cpu_s: float = 0.0  # CPU seconds of the serving side's non-engine processes during the run
+    repeat: int = 0  # which repeat of the benchmark it belongs to (from 0)
 
     @property
     def host_ms_per_tok(self) -> float:
@@ -296,8 +298,24 @@ def _med(xs: list[float]) -> float:
 
 
 def _tok_s(runs: list[Run], side: str, c: int) -> list[float]:
-    """``side``'s tok/s at level ``c``, one per repeat, in the order the repeats ran."""
+    """``side``'s tok/s at level ``c``, one per run, in the order they ran."""
     return [r.tok_s for r in runs if r.side == side and r.concurrency == c]
+
+
+def _per_repeat(runs: list[Run], side: str, c: int) -> dict[int, float]:
+    """``side``'s tok/s at level ``c`` in each repeat: the median of its runs there (a visit
+    that serves several sides runs each of them twice, in ABBA order)."""
+    by: dict[int, list[float]] = {}
+    for r in runs:
+        if r.side == side and r.concurrency == c:
+            by.setdefault(r.repeat, []).append(r.tok_s)
+    return {rep: _med(xs) for rep, xs in by.items()}
+
+
+def _repeat_ratio(runs: list[Run], ours: str, peer: str, c: int) -> float:
+    """The median over repeats of ``ours`` / ``peer`` within each repeat."""
+    a, b = _per_repeat(runs, ours, c), _per_repeat(runs, peer, c)
+    return _med([a[rep] / b[rep] for rep in sorted(a) if rep in b])
 
 
 def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.Namespace,
@@ -331,8 +349,7 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
             if ours in table and peer in table:
                 key = f"{ours}/{peer}"
                 ratios[key] = {c: {"tok_s": table[ours][c]["tok_s"] / table[peer][c]["tok_s"],
-                                   "tok_s_per_repeat": _med([a / b for a, b in zip(
-                                       _tok_s(runs, ours, c), _tok_s(runs, peer, c))]),
+                                   "tok_s_per_repeat": _repeat_ratio(runs, ours, peer, c),
                                    "ttft_p50": table[ours][c]["ttft_p50_ms"] / table[peer][c]["ttft_p50_ms"]}
                                for c in levels}
     if ratios:
@@ -346,7 +363,7 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
         f"{k}: {' '.join(f'{x:.0f}' for x in v)}" for k, v in starts.items() if v)
         + "  (first visit pays compile caches)")
     return {"table": table, "ratios": ratios, "starts_s": starts, "output_len": args.output_len,
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "runs": [dataclasses.asdict(r) for r in runs]}
 
 
 def main() -> int:
@@ -377,7 +394,10 @@ def main() -> int:
         for v in order:
             sides = [s for s in VISITS[v] if s in a.sides]
             print(f"\n=== repeat {rep + 1}/{a.repeats}: {v} ({', '.join(sides)}) ===", flush=True)
-            runs += visit(v, sides, served, folder, served, a, starts, flip=rep % 2 == 1)
+            got = visit(v, sides, served, folder, served, a, starts, flip=rep % 2 == 1)
+            for r in got:
+                r.repeat = rep
+            runs += got
     out = report(runs, a.sides, a.levels, a, starts)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
