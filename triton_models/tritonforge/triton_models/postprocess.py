@@ -157,7 +157,11 @@ class Postprocessor:
     def state_id(cls, inputs: Mapping[str, np.ndarray | None], request_id: str) -> str:
         """Whose state: the engine's request key, or the request id where the engine sends
         none (every sequence of a request shares it)."""
-        key = cls.request_key(inputs)
+        return cls._state_of(cls.request_key(inputs), request_id)
+
+    @staticmethod
+    def _state_of(key: int, request_id: str) -> str:
+        """:meth:`state_id` from the request key already read."""
         return f"key:{key}" if key else request_id
 
     def cancel_check_due(self, state_id: str, every: float) -> bool:
@@ -284,7 +288,7 @@ class Postprocessor:
         client_id = request_id
         seq = self.sequence_index(inputs)
         key = self.request_key(inputs)
-        rid = f"key:{key}" if key else client_id  # as state_id
+        rid = self._state_of(key, client_id)
         derive = (not reason and self.facts is not None and bool(client_id)
                   and not key)  # the C++ engine: no reason, no key
         if not reason and hit_end:

@@ -104,10 +104,10 @@ class _SchedulerReport:
         It takes the place of vLLM's own Prometheus logger (vLLM adds that logger unless a
         factory given to it builds a ``PrometheusStatLogger``, so this one is a subclass that
         sets none of its metrics up). In the engine stub nobody could read vLLM's Prometheus
-        registry -- tritonforge exports the engine's metrics through Triton -- yet filling it
-        cost the stub's event loop about 0.2 ms of CPU per engine step, on the path of every
-        streamed token (py-spy of the default at one stream: ``PrometheusStatLogger.record``
-        was a tenth of the engine loop's samples)."""
+        registry -- tritonforge exports the engine's metrics through Triton -- yet it was
+        filled after every engine step, on the loop that streams every token (py-spy of the
+        default at one stream: ``PrometheusStatLogger.record`` in about a tenth of that
+        loop's samples outside its waits on tritonserver)."""
         from vllm.v1.metrics.loggers import PrometheusStatLogger
 
         report = self
