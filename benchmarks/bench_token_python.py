@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "triton_models"), str(ROOT / "generators"), str(ROOT / "runtime")]
 
+from tritonforge.contract import POSTPROCESSING_SOURCES  # noqa: E402
 from tritonforge.triton_models.detokenize import make_decoder  # noqa: E402
 from tritonforge.triton_models.engine.request import engine_outputs  # noqa: E402
 from tritonforge.triton_models.pacing import cancel_check_seconds  # noqa: E402
@@ -45,12 +46,10 @@ def stream_once(post: Postprocessor, ids: list[int], key: int, n_input: int) -> 
     for i, tok in enumerate(ids):
         finish = "length" if i == len(ids) - 1 else ""
         out = engine_outputs([tok], finish, n_input, None, key)
-        inputs = {  # what reaches postprocessing: the engine's outputs without the batch dim
-            "output_ids": out["output_ids"][0], "sequence_length": out["sequence_length"][0],
-            "engine_request_key": out["request_key"][0],
-            "engine_finish_reason": out["finish_reason"][0] if finish else None,
-            "engine_num_input_tokens": out["num_input_tokens"][0] if finish else None,
-        }
+        # What reaches postprocessing: each of its inputs from the engine output the ensemble
+        # maps to it, without the batch dimension; None where the response leaves it out.
+        inputs = {name: None if (arr := out.get(source)) is None else arr[0]
+                  for name, (_, source) in POSTPROCESSING_SOURCES.items()}
         rid = "client-id"
         post.cancel_check_due(Postprocessor.state_id(inputs, rid), cancel_check_seconds(post.open_requests))
         result = post.process(inputs, rid)
