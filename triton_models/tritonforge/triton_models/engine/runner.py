@@ -235,6 +235,17 @@ class _Sequence:
         return out
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """The engine thread's event loop: uvloop's when installed (vLLM installs it; ``vllm
+    serve`` runs its engine client on it too), else asyncio's. Every streamed token wakes this
+    loop several times (vLLM's output socket, its output handler, the request's generator)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class EngineRunner:
     """An engine adapter on a background asyncio loop, speaking the engine contract."""
 
@@ -264,7 +275,7 @@ class EngineRunner:
         self.cpp_outputs = cpp_outputs
         self.metrics = metrics
         self.cancel_poll_seconds = cancel_poll_seconds
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self._thread = threading.Thread(target=self._run_loop, name="tritonforge-engine", daemon=True)
         # Keys are unique per engine model and unguessable across restarts.
         self._key_base = (int.from_bytes(os.urandom(4), "big") & 0x7FFFFFFF) << 32
