@@ -37,7 +37,11 @@ One client for every side, written here on aiohttp (not the code under test): th
 prompts, greedy, ``min_tokens = max_tokens = --output-len`` so every request generates exactly
 that many tokens. The token count is checked on every request (Triton: the sum of the
 responses' ``num_output_tokens``; OpenAI: ``usage.completion_tokens``); a side that generated a
-different number of tokens stops the run. Output tok/s = all output tokens / the level's wall
+different number of tokens stops the run. The Triton sides' count is the one their own
+postprocessing computes, so the work is also checked against vLLM itself: each side's
+streamed text for a prompt is compared with the text ``vllm-spec`` (``vllm serve``, greedy, the
+same engine settings) streamed for it, and the report prints how many agree per level
+(``same_text``). Output tok/s = all output tokens / the level's wall
 time; TTFT = request sent -> first non-empty text. Printed: medians over repeats with min-max,
 TTFT p50/p95 (medians), the 1-minute load average per level, the host CPU per output token
 (user + system seconds, read from /proc, of every process of the serving side's tree except
@@ -103,6 +107,7 @@ class Run:
     load_1m: float = 0.0
     host_cpu_s: float = 0.0  # CPU seconds of the serving side's non-engine processes during the run
     repeat: int = 0  # which repeat of the benchmark it belongs to (from 0)
+    texts: dict[str, str] = field(default_factory=dict)  # prompt -> the text streamed for it
 
     @property
     def host_ms_per_tok(self) -> float:
@@ -117,11 +122,13 @@ class Run:
         return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def _one(session: Any, side: str, base: str, model: str, prompt: str, out_len: int) -> tuple[float, int]:
-    """One streamed request: (TTFT ms, output tokens)."""
+async def _one(session: Any, side: str, base: str, model: str, prompt: str,
+               out_len: int) -> tuple[float, int, str]:
+    """One streamed request: (TTFT ms, output tokens, the whole text streamed)."""
     t0 = time.perf_counter()
     first: float | None = None
     tokens = 0
+    pieces: list[str] = []
     if side.startswith("triton"):
         url = f"{base}/v2/models/{model}/generate_stream"
         body: dict[str, Any] = {"text_input": prompt, "max_tokens": out_len, "min_tokens": out_len,
@@ -150,9 +157,10 @@ async def _one(session: Any, side: str, base: str, model: str, prompt: str, out_
                     tokens = int(event["usage"]["completion_tokens"])
             if text and first is None:
                 first = time.perf_counter()
+            pieces.append(text)
     if first is None:
         raise SystemExit(f"{side}: a request streamed no text")
-    return (first - t0) * 1000, tokens
+    return (first - t0) * 1000, tokens, "".join(pieces)
 
 
 async def level(side: str, base: str, model: str, texts: list[str], concurrency: int,
@@ -162,14 +170,17 @@ async def level(side: str, base: str, model: str, texts: list[str], concurrency:
     queue = list(texts)
     ttfts: list[float] = []
     counts: list[int] = []
+    streamed: dict[str, str] = {}
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=concurrency)) as session:
         async def worker() -> None:
             while queue:
-                t, n = await _one(session, side, base, model, queue.pop(), out_len)
+                prompt = queue.pop()
+                t, n, text = await _one(session, side, base, model, prompt, out_len)
                 ttfts.append(t)
                 counts.append(n)
+                streamed[prompt] = text
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -178,7 +189,7 @@ async def level(side: str, base: str, model: str, texts: list[str], concurrency:
     if wrong:
         raise SystemExit(f"{side} c={concurrency}: {len(wrong)} requests generated {sorted(set(wrong))}"
                          f" tokens, not {out_len}: the sides would not do the same work")
-    return Run(side, concurrency, len(texts), wall, sum(counts), ttfts, os.getloadavg()[0])
+    return Run(side, concurrency, len(texts), wall, sum(counts), ttfts, os.getloadavg()[0], texts=streamed)
 
 
 def host_cpu_s(roots: list[int]) -> float:
@@ -318,6 +329,37 @@ def _repeat_ratio(runs: list[Run], ours: str, peer: str, c: int) -> float:
     return _med([a[rep] / b[rep] for rep in sorted(a) if rep in b])
 
 
+def same_text(runs: list[Run], levels: list[int]) -> dict[str, dict[int, tuple[int, int]]]:
+    """For each side other than ``vllm-spec``: at each level, how many of its requests streamed
+    exactly the text ``vllm-spec`` streamed for the same prompt in one of its runs at that level.
+
+    The independent check that a side did the work its token count claims: ``vllm-spec`` is
+    ``vllm serve`` itself, so its text is vLLM's own output, computed by no code of
+    tritonforge's, while the Triton sides' token count is the ``num_output_tokens`` their
+    postprocessing reports. Greedy decoding of the same prompt with the same engine settings gives
+    the same tokens, so the same text; a batch of several streams may change a near-tie in
+    floating point, so above one stream a few requests may differ without anything being wrong
+    (``vllm-defaults`` runs other settings, so it is compared too but need not agree)."""
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    for side in dict.fromkeys(r.side for r in runs):
+        if side == "vllm-spec":
+            continue
+        per: dict[int, tuple[int, int]] = {}
+        for c in levels:
+            ref: dict[str, set[str]] = {}
+            for r in runs:
+                if r.side == "vllm-spec" and r.concurrency == c:
+                    for prompt, text in r.texts.items():
+                        ref.setdefault(prompt, set()).add(text)
+            pairs = [(prompt, text) for r in runs if r.side == side and r.concurrency == c
+                     for prompt, text in r.texts.items() if prompt in ref]
+            if pairs:
+                per[c] = (sum(text in ref[prompt] for prompt, text in pairs), len(pairs))
+        if per:
+            out[side] = per
+    return out
+
+
 def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.Namespace,
            starts: dict[str, list[float]]) -> dict[str, Any]:
     table: dict[str, dict[int, dict[str, Any]]] = {s: {} for s in sides}
@@ -359,10 +401,16 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
             cells = "  ".join(f"c={c}: {v['tok_s']:.2f} ({v['tok_s_per_repeat']:.2f}) / {v['ttft_p50']:.2f}"
                               for c, v in per.items())
             print(f"  {key:>26}  {cells}")
+    same = same_text(runs, levels)
+    if same:
+        print("\nsame text as `vllm serve` with the same settings (vLLM's own output for the same prompt,"
+              " greedy; requests whose whole streamed text equals it / requests compared):")
+        for side, agree in same.items():
+            print(f"  {side:>26}  " + "  ".join(f"c={c}: {k}/{n}" for c, (k, n) in agree.items()))
     print("\nserver ready after (s): " + ", ".join(
         f"{k}: {' '.join(f'{x:.0f}' for x in v)}" for k, v in starts.items() if v)
         + "  (first visit pays compile caches)")
-    return {"table": table, "ratios": ratios, "starts_s": starts, "output_len": args.output_len,
+    return {"table": table, "ratios": ratios, "same_text": same, "starts_s": starts, "output_len": args.output_len,
             "cpus": os.cpu_count(), "runs": [dataclasses.asdict(r) for r in runs]}
 
 
