@@ -308,18 +308,22 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def _at(runs: list[Run], side: str, c: int) -> list[Run]:
+    """``side``'s runs at level ``c``, in the order they ran."""
+    return [r for r in runs if r.side == side and r.concurrency == c]
+
+
 def _tok_s(runs: list[Run], side: str, c: int) -> list[float]:
     """``side``'s tok/s at level ``c``, one per run, in the order they ran."""
-    return [r.tok_s for r in runs if r.side == side and r.concurrency == c]
+    return [r.tok_s for r in _at(runs, side, c)]
 
 
 def _per_repeat(runs: list[Run], side: str, c: int) -> dict[int, float]:
     """``side``'s tok/s at level ``c`` in each repeat: the median of its runs there (a visit
     that serves several sides runs each of them twice, in ABBA order)."""
     by: dict[int, list[float]] = {}
-    for r in runs:
-        if r.side == side and r.concurrency == c:
-            by.setdefault(r.repeat, []).append(r.tok_s)
+    for r in _at(runs, side, c):
+        by.setdefault(r.repeat, []).append(r.tok_s)
     return {rep: _med(xs) for rep, xs in by.items()}
 
 
@@ -340,18 +344,18 @@ def same_text(runs: list[Run], levels: list[int]) -> dict[str, dict[int, tuple[i
     the same tokens, so the same text; a batch of several streams may change a near-tie in
     floating point, so above one stream a few requests may differ without anything being wrong
     (``vllm-defaults`` runs other settings, so it is compared too but need not agree)."""
+    refs: dict[int, dict[str, set[str]]] = {c: {} for c in levels}  # level -> prompt -> its texts
+    for c, ref in refs.items():
+        for r in _at(runs, "vllm-spec", c):
+            for prompt, text in r.texts.items():
+                ref.setdefault(prompt, set()).add(text)
     out: dict[str, dict[int, tuple[int, int]]] = {}
     for side in dict.fromkeys(r.side for r in runs):
         if side == "vllm-spec":
             continue
         per: dict[int, tuple[int, int]] = {}
-        for c in levels:
-            ref: dict[str, set[str]] = {}
-            for r in runs:
-                if r.side == "vllm-spec" and r.concurrency == c:
-                    for prompt, text in r.texts.items():
-                        ref.setdefault(prompt, set()).add(text)
-            pairs = [(prompt, text) for r in runs if r.side == side and r.concurrency == c
+        for c, ref in refs.items():
+            pairs = [(prompt, text) for r in _at(runs, side, c)
                      for prompt, text in r.texts.items() if prompt in ref]
             if pairs:
                 per[c] = (sum(text in ref[prompt] for prompt, text in pairs), len(pairs))
@@ -365,8 +369,8 @@ def report(runs: list[Run], sides: list[str], levels: list[int], args: argparse.
     table: dict[str, dict[int, dict[str, Any]]] = {s: {} for s in sides}
     for s in sides:
         for c in levels:
-            rs = [r for r in runs if r.side == s and r.concurrency == c]
-            tok = _tok_s(runs, s, c)
+            rs = _at(runs, s, c)
+            tok = [r.tok_s for r in rs]
             table[s][c] = {"tok_s": _med(tok), "tok_s_min": min(tok), "tok_s_max": max(tok),
                            "ttft_p50_ms": _med([r.ttft(0.5) for r in rs]),
                            "ttft_p95_ms": _med([r.ttft(0.95) for r in rs]),
